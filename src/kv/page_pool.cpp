@@ -1,0 +1,100 @@
+#include "kv/page_pool.h"
+
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace kvpack::kv {
+
+void PagePool::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
+
+PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
+  if (cfg_.page_size <= 0 || cfg_.head_dim <= 0 || cfg_.max_pages <= 0)
+    throw std::invalid_argument("page pool: page_size, head_dim and max_pages must be positive");
+  if (cfg_.kv_type != DType::F32 && cfg_.kv_type != DType::F16)
+    throw std::invalid_argument("page pool: KV type must be F32 or F16");
+  if (cfg_.max_pages > INT32_MAX) throw std::invalid_argument("page pool: too many pages");
+  elem_bytes_ = cfg_.kv_type == DType::F32 ? 4 : 2;
+  page_bytes_ = 2 * elem_bytes_ * static_cast<size_t>(cfg_.page_size) * cfg_.head_dim;
+  if (cfg_.pages_per_chunk <= 0) {
+    const size_t target = size_t{2} << 20;
+    cfg_.pages_per_chunk = static_cast<int32_t>(std::max<size_t>(1, target / page_bytes_));
+  }
+  chunk_bytes_ = page_bytes_ * cfg_.pages_per_chunk;
+  // Metadata is sized for the limit up front so allocate/release never reallocate (hot path).
+  const size_t n = static_cast<size_t>(cfg_.max_pages);
+  refcount_.assign(n, 0);
+  positions_.assign(n * cfg_.page_size, -1);
+  free_list_.reserve(n);
+  chunks_.reserve((n + cfg_.pages_per_chunk - 1) / cfg_.pages_per_chunk);
+}
+
+PageId PagePool::allocate() {
+  PageId p;
+  if (!free_list_.empty()) {
+    p = free_list_.back();
+    free_list_.pop_back();
+  } else {
+    if (next_fresh_ >= cfg_.max_pages) return kNoPage;
+    p = next_fresh_;
+    if (static_cast<size_t>(p) / cfg_.pages_per_chunk >= chunks_.size()) {
+      // Round up to the 64-byte alignment aligned_alloc needs; page_bytes is a multiple of 64 in
+      // practice (16 slots x head_dim x 2 bytes x 2), but tiny test shapes may not be.
+      const size_t bytes = (chunk_bytes_ + 63) / 64 * 64;
+      auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+      if (mem == nullptr) return kNoPage;
+      chunks_.emplace_back(mem);
+    }
+    ++next_fresh_;
+  }
+  refcount_[static_cast<size_t>(p)] = 1;
+  ++used_;
+  if (used_ > peak_used_) peak_used_ = used_;
+  return p;
+}
+
+void PagePool::retain(PageId p) {
+#if KVPACK_DEBUG_CHECKS
+  if (p < 0 || p >= next_fresh_ || refcount_[static_cast<size_t>(p)] <= 0) std::abort();
+#endif
+  ++refcount_[static_cast<size_t>(p)];
+}
+
+void PagePool::release(PageId p) {
+#if KVPACK_DEBUG_CHECKS
+  if (p < 0 || p >= next_fresh_ || refcount_[static_cast<size_t>(p)] <= 0) std::abort();
+#endif
+  if (--refcount_[static_cast<size_t>(p)] == 0) {
+    free_list_.push_back(p);
+    --used_;
+  }
+}
+
+std::string PagePool::check(std::span<const std::span<const PageId>> tables) const {
+  std::unordered_map<PageId, int32_t> named;
+  for (auto t : tables)
+    for (PageId p : t) {
+      if (p < 0 || p >= next_fresh_) return "page table names invalid page " + std::to_string(p);
+      ++named[p];
+    }
+  int64_t referenced = 0;
+  for (PageId p = 0; p < next_fresh_; ++p) {
+    const int32_t rc = refcount_[static_cast<size_t>(p)];
+    if (rc < 0) return "negative refcount on page " + std::to_string(p);
+    if (rc > 0) ++referenced;
+    auto it = named.find(p);
+    const int32_t n = it == named.end() ? 0 : it->second;
+    if (n != rc)
+      return "page " + std::to_string(p) + " has refcount " + std::to_string(rc) + " but " + std::to_string(n) +
+             " page-table entries";
+  }
+  const int64_t free_count = static_cast<int64_t>(free_list_.size()) + (cfg_.max_pages - next_fresh_);
+  if (free_count + referenced != cfg_.max_pages)
+    return "free (" + std::to_string(free_count) + ") + referenced (" + std::to_string(referenced) +
+           ") != total (" + std::to_string(cfg_.max_pages) + ")";
+  if (referenced != used_) return "used counter " + std::to_string(used_) + " != referenced " + std::to_string(referenced);
+  return "";
+}
+
+}  // namespace kvpack::kv

@@ -1,0 +1,89 @@
+// The page pool: fixed-size KV pages, O(1) allocate/free, reference counts.
+//
+// Layout decision (DESIGN.md §3 "Streams"): a page holds `page_size` token slots of ONE stream, where a
+// stream is one (layer, KV head) pair: K[page_size][head_dim] followed by V[page_size][head_dim], plus a
+// per-slot original-position array kept beside it. Each stream of a sequence has its own page table, so
+// per-layer / per-head budgets (PyramidKV, Ada-KV, TriAttention per-KV-head selection) free real pages
+// rather than masking keys, and the attention kernel reads each page as two contiguous tiles.
+// The cost is metadata: one page-table entry per (layer, head, 16 tokens) — e.g. 224 streams for a
+// Qwen3-0.6B shape, ~14 entries per stream per 224 tokens — small next to the 8 KiB (f16) pages.
+//
+// Memory grows with pages actually used: page storage is allocated in chunks on first use, freed pages
+// are reused LIFO (hot in cache), and `max_pages` only bounds growth.
+// Thread-safety: not thread-safe; the engine owns the pool and mutates it from its scheduling thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "util/dtype.h"
+
+namespace kvpack::kv {
+
+using PageId = int32_t;
+inline constexpr PageId kNoPage = -1;
+
+struct PoolConfig {
+  int32_t page_size = 16;
+  int32_t head_dim = 0;
+  DType kv_type = DType::F32;   // F32 or F16
+  int64_t max_pages = 0;        // hard limit on pages in existence
+  int32_t pages_per_chunk = 0;  // 0 = choose (~2 MiB chunks)
+};
+
+class PagePool {
+ public:
+  explicit PagePool(const PoolConfig& cfg);
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  // Takes a free page with refcount 1, or returns kNoPage when the pool is exhausted
+  // (or the system refused memory for a new chunk) — callers turn that into a clean error / preemption.
+  PageId allocate();
+  void retain(PageId p);   // one more page-table entry names p (prefix sharing)
+  void release(PageId p);  // one fewer; at zero the page returns to the free list
+
+  int32_t refcount(PageId p) const { return refcount_[static_cast<size_t>(p)]; }
+  uint8_t* data(PageId p) { return chunk_base(p) + offset_in_chunk(p); }
+  const uint8_t* data(PageId p) const { return const_cast<PagePool*>(this)->data(p); }
+  int32_t* positions(PageId p) { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
+  const int32_t* positions(PageId p) const { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
+
+  const PoolConfig& config() const { return cfg_; }
+  size_t elem_bytes() const { return elem_bytes_; }
+  size_t page_bytes() const { return page_bytes_; }      // K + V
+  size_t v_offset() const { return page_bytes_ / 2; }    // byte offset of V inside a page
+  size_t slot_bytes() const { return elem_bytes_ * cfg_.head_dim; }  // one K (or V) row
+
+  int64_t capacity() const { return cfg_.max_pages; }
+  int64_t used_pages() const { return used_; }
+  int64_t free_pages() const { return cfg_.max_pages - used_; }
+  int64_t peak_used_pages() const { return peak_used_; }
+  size_t used_bytes() const { return static_cast<size_t>(used_) * page_bytes_; }
+  size_t reserved_bytes() const { return chunks_.size() * chunk_bytes_; }  // memory actually obtained
+
+  // Invariant check (tests, debug builds): free + referenced = total, every refcount equals the number
+  // of page-table entries naming that page (tables given by the caller). Returns "" or a description.
+  std::string check(std::span<const std::span<const PageId>> tables) const;
+
+ private:
+  uint8_t* chunk_base(PageId p) { return chunks_[static_cast<size_t>(p) / cfg_.pages_per_chunk].get(); }
+  size_t offset_in_chunk(PageId p) const { return static_cast<size_t>(p) % cfg_.pages_per_chunk * page_bytes_; }
+
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+  PoolConfig cfg_;
+  size_t elem_bytes_ = 4, page_bytes_ = 0, chunk_bytes_ = 0;
+  std::vector<std::unique_ptr<uint8_t, AlignedFree>> chunks_;
+  std::vector<int32_t> refcount_;   // per page id ever created
+  std::vector<int32_t> positions_;  // per page id * page_size
+  std::vector<PageId> free_list_;   // LIFO of released pages
+  PageId next_fresh_ = 0;           // pages [next_fresh_, max) were never handed out
+  int64_t used_ = 0, peak_used_ = 0;
+};
+
+}  // namespace kvpack::kv

@@ -1,0 +1,173 @@
+#include "kv/sequence_kv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace kvpack::kv {
+
+SequenceKv::SequenceKv(PagePool& pool, int32_t n_layers, int32_t n_kv_heads)
+    : pool_(&pool), n_layers_(n_layers), n_kv_heads_(n_kv_heads), streams_(static_cast<size_t>(n_layers) * n_kv_heads) {}
+
+SequenceKv::~SequenceKv() { clear(); }
+
+void SequenceKv::clear() {
+  for (auto& s : streams_) {
+    for (PageId p : s.pages) pool_->release(p);
+    s.pages.clear();
+    s.page_ptrs.clear();
+    s.n_slots = 0;
+  }
+  next_pos_ = 0;
+}
+
+int64_t SequenceKv::pages_needed(int32_t n) const {
+  const int32_t ps = pool_->config().page_size;
+  int64_t need = 0;
+  for (const auto& s : streams_) {
+    const int64_t have = static_cast<int64_t>(s.pages.size());
+    const int64_t want = (static_cast<int64_t>(s.n_slots) + n + ps - 1) / ps;
+    need += std::max<int64_t>(0, want - have);
+  }
+  return need;
+}
+
+bool SequenceKv::append(int32_t n, int32_t pos0) {
+  if (n <= 0) return true;
+  const int32_t ps = pool_->config().page_size;
+  if (pages_needed(n) > pool_->free_pages()) return false;
+  // A shared (prefix-cached) page is read-only: if the last page is shared and partially filled,
+  // writing into it would corrupt the other owner, so copy it first.
+  for (auto& s : streams_)
+    if (s.n_slots % ps != 0 && pool_->refcount(s.pages.back()) > 1 && !make_private(s, s.pages.size() - 1))
+      return false;
+  for (auto& s : streams_) {
+    const size_t want = (static_cast<size_t>(s.n_slots) + n + ps - 1) / ps;
+    while (s.pages.size() < want) {
+      const PageId p = pool_->allocate();
+      if (p == kNoPage) {  // cannot happen after the check above unless memory ran out: undo
+        for (auto& u : streams_) shrink_to(u, u.n_slots);
+        return false;
+      }
+      s.pages.push_back(p);
+      s.page_ptrs.push_back(pool_->data(p));
+    }
+  }
+  for (auto& s : streams_) {
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t slot = s.n_slots + i;
+      pool_->positions(s.pages[static_cast<size_t>(slot / ps)])[slot % ps] = pos0 + i;
+    }
+    s.n_slots += n;
+  }
+  next_pos_ = std::max(next_pos_, pos0 + n);
+  return true;
+}
+
+int32_t SequenceKv::max_slots() const {
+  int32_t m = 0;
+  for (const auto& s : streams_) m = std::max(m, s.n_slots);
+  return m;
+}
+
+int64_t SequenceKv::total_slots() const {
+  int64_t t = 0;
+  for (const auto& s : streams_) t += s.n_slots;
+  return t;
+}
+
+int64_t SequenceKv::pages_held() const {
+  int64_t t = 0;
+  for (const auto& s : streams_) t += static_cast<int64_t>(s.pages.size());
+  return t;
+}
+
+uint8_t* SequenceKv::k_slot(int32_t stream, int32_t slot) {
+  const int32_t ps = pool_->config().page_size;
+  auto& s = streams_[static_cast<size_t>(stream)];
+  return pool_->data(s.pages[static_cast<size_t>(slot / ps)]) + static_cast<size_t>(slot % ps) * pool_->slot_bytes();
+}
+
+uint8_t* SequenceKv::v_slot(int32_t stream, int32_t slot) { return k_slot(stream, slot) + pool_->v_offset(); }
+
+int32_t& SequenceKv::position(int32_t stream, int32_t slot) {
+  const int32_t ps = pool_->config().page_size;
+  return pool_->positions(streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(slot / ps)])[slot % ps];
+}
+
+int32_t SequenceKv::position(int32_t stream, int32_t slot) const {
+  return const_cast<SequenceKv*>(this)->position(stream, slot);
+}
+
+kernels::KvStreamView SequenceKv::view(int32_t stream) const {
+  const auto& s = streams_[static_cast<size_t>(stream)];
+  kernels::KvStreamView v;
+  v.pages = s.page_ptrs.data();
+  v.n_slots = s.n_slots;
+  v.page_size = pool_->config().page_size;
+  v.head_dim = pool_->config().head_dim;
+  v.kv_type = pool_->config().kv_type;
+  v.v_offset = pool_->v_offset();
+  return v;
+}
+
+void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
+  const int32_t ps = pool_->config().page_size;
+  const size_t keep_pages = (static_cast<size_t>(n_slots) + ps - 1) / ps;
+  while (s.pages.size() > keep_pages) {
+    pool_->release(s.pages.back());
+    s.pages.pop_back();
+    s.page_ptrs.pop_back();
+  }
+  s.n_slots = n_slots;
+}
+
+bool SequenceKv::make_private(Stream& s, size_t page_index) {
+  const PageId old = s.pages[page_index];
+  if (pool_->refcount(old) <= 1) return true;
+  const PageId fresh = pool_->allocate();
+  if (fresh == kNoPage) return false;
+  std::memcpy(pool_->data(fresh), pool_->data(old), pool_->page_bytes());
+  const int32_t ps = pool_->config().page_size;
+  std::memcpy(pool_->positions(fresh), pool_->positions(old), sizeof(int32_t) * static_cast<size_t>(ps));
+  pool_->release(old);
+  s.pages[page_index] = fresh;
+  s.page_ptrs[page_index] = pool_->data(fresh);
+  return true;
+}
+
+int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep) {
+  auto& s = streams_[static_cast<size_t>(stream)];
+  const int32_t ps = pool_->config().page_size;
+  const size_t row = pool_->slot_bytes();
+  const size_t voff = pool_->v_offset();
+  const int64_t pages_before = static_cast<int64_t>(s.pages.size());
+  // Survivors slide forward into the lowest slots in their original order. Slots before the first
+  // dropped one stay where they are, so unmodified (possibly shared) pages are never touched.
+  int32_t dst = 0;
+  while (dst < static_cast<int32_t>(keep.size()) && keep[static_cast<size_t>(dst)] == dst) ++dst;
+  size_t private_page = SIZE_MAX;
+  for (size_t i = static_cast<size_t>(dst); i < keep.size(); ++i, ++dst) {
+    const int32_t src = keep[i];
+    const size_t dpage = static_cast<size_t>(dst / ps);
+    if (dpage != private_page) {
+      // first write into this destination page: copy-on-write if shared
+      if (!make_private(s, dpage)) return -1;  // pool exhausted while un-sharing: caller reports
+      private_page = dpage;
+    }
+    const uint8_t* sp = pool_->data(s.pages[static_cast<size_t>(src / ps)]) + static_cast<size_t>(src % ps) * row;
+    uint8_t* dp = pool_->data(s.pages[dpage]) + static_cast<size_t>(dst % ps) * row;
+    std::memcpy(dp, sp, row);
+    std::memcpy(dp + voff, sp + voff, row);
+    pool_->positions(s.pages[dpage])[dst % ps] = pool_->positions(s.pages[static_cast<size_t>(src / ps)])[src % ps];
+  }
+  shrink_to(s, static_cast<int32_t>(keep.size()));
+  return pages_before - static_cast<int64_t>(s.pages.size());
+}
+
+void SequenceKv::truncate_tail(int32_t n) {
+  for (auto& s : streams_) shrink_to(s, std::max(0, s.n_slots - n));
+  next_pos_ = std::max(0, next_pos_ - n);
+}
+
+}  // namespace kvpack::kv

@@ -1,0 +1,81 @@
+// The KV cache of one sequence: one page table per stream (stream = layer * n_kv_heads + kv_head).
+//
+// Streams normally hold the same number of slots, but compression may leave them with different counts
+// (per-layer / per-head budgets), so every stream keeps its own length. Slot s of a stream lives in
+// slot s % page_size of page table[s / page_size]; positions(s) is the token position it came from.
+// RAII: the destructor releases every page it references.
+// Thread-safety: not thread-safe; one owner at a time. Different sequences on one pool must not be
+// mutated concurrently (the pool is shared).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kv/page_pool.h"
+
+namespace kvpack::kv {
+
+class SequenceKv {
+ public:
+  SequenceKv(PagePool& pool, int32_t n_layers, int32_t n_kv_heads);
+  ~SequenceKv();
+  SequenceKv(const SequenceKv&) = delete;
+  SequenceKv& operator=(const SequenceKv&) = delete;
+
+  int32_t n_layers() const { return n_layers_; }
+  int32_t n_kv_heads() const { return n_kv_heads_; }
+  int32_t n_streams() const { return static_cast<int32_t>(streams_.size()); }
+  int32_t stream_index(int32_t layer, int32_t kv_head) const { return layer * n_kv_heads_ + kv_head; }
+
+  // Appends n slots to every stream, taking new pages from the pool as needed, and records their
+  // positions (pos0, pos0+1, ...). All-or-nothing: on pool exhaustion nothing changes and it
+  // returns false. The new slots' K/V bytes are for the caller to write (k_slot / v_slot).
+  bool append(int32_t n, int32_t pos0);
+  // Pages `append(n)` would take from the pool (admission control).
+  int64_t pages_needed(int32_t n) const;
+
+  int32_t n_slots(int32_t stream) const { return streams_[static_cast<size_t>(stream)].n_slots; }
+  int32_t max_slots() const;    // longest stream
+  int64_t total_slots() const;  // sum over streams
+  int64_t pages_held() const;   // page-table entries over all streams
+  // Tokens consumed by the sequence so far (next position); independent of eviction.
+  int32_t next_pos() const { return next_pos_; }
+
+  uint8_t* k_slot(int32_t stream, int32_t slot);
+  uint8_t* v_slot(int32_t stream, int32_t slot);
+  int32_t& position(int32_t stream, int32_t slot);
+  int32_t position(int32_t stream, int32_t slot) const;
+
+  std::span<const PageId> page_table(int32_t stream) const { return streams_[static_cast<size_t>(stream)].pages; }
+  kernels::KvStreamView view(int32_t stream) const;
+
+  // Compaction support: keep only the slots in `keep` (strictly increasing slot indices) of one stream,
+  // sliding them forward in order; pages that become empty return to the pool in the same step.
+  // Pages shared with others (refcount > 1) are never written: the first shared page that would be
+  // modified is copied first (copy-on-write). Returns the number of pages freed.
+  int64_t compact_stream(int32_t stream, std::span<const int32_t> keep);
+  // Drops the last `n` slots of every stream and n positions (rollback of an append); frees emptied pages.
+  void truncate_tail(int32_t n);
+  // Releases everything (sequence finished or preempted).
+  void clear();
+
+  PagePool& pool() { return *pool_; }
+  const PagePool& pool() const { return *pool_; }
+
+ private:
+  struct Stream {
+    std::vector<PageId> pages;
+    std::vector<const uint8_t*> page_ptrs;  // base pointers for the attention kernel
+    int32_t n_slots = 0;
+  };
+  void shrink_to(Stream& s, int32_t n_slots);
+  bool make_private(Stream& s, size_t page_index);
+
+  PagePool* pool_;
+  int32_t n_layers_, n_kv_heads_;
+  std::vector<Stream> streams_;
+  int32_t next_pos_ = 0;
+};
+
+}  // namespace kvpack::kv

@@ -1,0 +1,227 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "util/half.h"
+
+namespace kvpack {
+namespace {
+
+void matmul(const Weight& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
+  kernels::matmul(w.data, w.type, w.n_out, w.n_in, x, n_tokens, y, pool);
+}
+
+void add_bias(float* y, const Weight& b, int64_t n_tokens) {
+  if (!b) return;
+  for (int64_t t = 0; t < n_tokens; ++t) kernels::add_inplace(y + t * b.n_in, b.f32(), b.n_in);
+}
+
+// Prefill query tokens are split into blocks so both threads get attention work even with few KV heads.
+constexpr int32_t kAttnTokenBlock = 64;
+// Attention scratch is sized for pages up to this many slots.
+constexpr int32_t kMaxPageSize = 256;
+
+}  // namespace
+
+Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
+    : model_(&model), pool_(&pool), max_tokens_(max_batch_tokens) {
+  const ModelConfig& c = model.config();
+  const size_t T = static_cast<size_t>(max_batch_tokens);
+  x_.resize(T * c.n_embd);
+  xb_.resize(T * std::max(c.n_embd, c.q_dim()));
+  q_.resize(T * c.q_dim());
+  k_.resize(T * c.kv_dim());
+  v_.resize(T * c.kv_dim());
+  att_.resize(T * c.q_dim());
+  hb_.resize(T * c.n_ff);
+  hb2_.resize(T * c.n_ff);
+  rope_cs_.resize(T * static_cast<size_t>(c.rope_dims));
+  logits_in_.resize(T * c.n_embd);
+  pos_.resize(T);
+  attn_scratch_per_thread_ = kernels::attention_scratch_floats(std::min(kAttnTokenBlock, max_batch_tokens), c.group(),
+                                                               c.head_dim, kMaxPageSize);
+  attn_scratch_.resize(attn_scratch_per_thread_ * static_cast<size_t>(pool.size()));
+}
+
+bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
+  const ModelConfig& c = model_->config();
+  const ModelWeights& W = model_->weights();
+  // Validate everything before touching any KV.
+  int32_t total = 0;
+  int64_t pages_needed = 0;
+  spans_.clear();
+  for (const BatchItem& b : batch) {
+    const auto n = static_cast<int32_t>(b.tokens.size());
+    if (b.kv == nullptr || n == 0) throw std::invalid_argument("forward: empty batch item");
+    for (int32_t tok : b.tokens)
+      if (tok < 0 || tok >= c.n_vocab) throw std::invalid_argument("forward: token id " + std::to_string(tok) + " out of range");
+    if (static_cast<int64_t>(b.kv->next_pos()) + n > c.n_ctx)
+      throw std::invalid_argument("forward: position " + std::to_string(b.kv->next_pos() + n) + " exceeds the context length " +
+                                  std::to_string(c.n_ctx));
+    if (b.kv->pool().config().page_size > kMaxPageSize)
+      throw std::invalid_argument("forward: page size above " + std::to_string(kMaxPageSize));
+    if (b.kv->pool().config().head_dim != c.head_dim || b.kv->n_layers() != c.n_layer || b.kv->n_kv_heads() != c.n_head_kv)
+      throw std::invalid_argument("forward: KV cache shape does not match the model");
+    pages_needed += b.kv->pages_needed(n);
+    spans_.push_back({total, n, 0});
+    total += n;
+  }
+  if (total > max_tokens_) throw std::invalid_argument("forward: batch of " + std::to_string(total) + " tokens exceeds " +
+                                                       std::to_string(max_tokens_));
+  if (!batch.empty() && pages_needed > batch[0].kv->pool().free_pages()) return false;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    BatchItem& b = batch[i];
+    const int32_t pos0 = b.kv->next_pos();
+    for (int32_t t = 0; t < spans_[i].n; ++t) pos_[static_cast<size_t>(spans_[i].begin + t)] = pos0 + t;
+    spans_[i].slots_before = 0;
+    if (!b.kv->append(spans_[i].n, pos0)) {
+      for (size_t j = 0; j < i; ++j) batch[j].kv->truncate_tail(spans_[j].n);  // roll back
+      return false;
+    }
+  }
+
+  const int64_t E = c.n_embd, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.head_dim;
+  // Embeddings.
+  for (size_t i = 0; i < batch.size(); ++i)
+    for (int32_t t = 0; t < spans_[i].n; ++t) {
+      const int64_t row = spans_[i].begin + t;
+      const int32_t tok = batch[i].tokens[static_cast<size_t>(t)];
+      const auto* base = static_cast<const uint8_t*>(W.tok_embd.data) + row_bytes(W.tok_embd.type, E) * static_cast<uint64_t>(tok);
+      kernels::dequantize_row(base, W.tok_embd.type, E, x_.data() + row * E);
+    }
+  kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta, 1.0f / c.rope_freq_scale, rope_cs_.data());
+
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = W.layers[static_cast<size_t>(l)];
+    for (int64_t t = 0; t < total; ++t) kernels::rmsnorm(x_.data() + t * E, L.attn_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
+    matmul(L.wq, xb_.data(), total, q_.data(), pool_);
+    matmul(L.wk, xb_.data(), total, k_.data(), pool_);
+    matmul(L.wv, xb_.data(), total, v_.data(), pool_);
+    add_bias(q_.data(), L.bq, total);
+    add_bias(k_.data(), L.bk, total);
+    add_bias(v_.data(), L.bv, total);
+    for (int64_t t = 0; t < total; ++t) {
+      float* qt = q_.data() + t * QD;
+      float* kt = k_.data() + t * KVD;
+      if (c.qk_norm) {
+        for (int32_t h = 0; h < c.n_head; ++h) kernels::rmsnorm(qt + h * HD, L.q_norm.f32(), HD, c.rms_eps, qt + h * HD);
+        for (int32_t h = 0; h < c.n_head_kv; ++h) kernels::rmsnorm(kt + h * HD, L.k_norm.f32(), HD, c.rms_eps, kt + h * HD);
+      }
+    }
+    if (observer)
+      for (size_t i = 0; i < batch.size(); ++i)
+        observer->on_query_pre_rope(static_cast<int32_t>(i), l, q_.data() + spans_[i].begin * QD, spans_[i].n, QD);
+    for (int64_t t = 0; t < total; ++t) {
+      const float* cs = rope_cs_.data() + t * c.rope_dims;
+      for (int32_t h = 0; h < c.n_head; ++h) kernels::rope_apply(q_.data() + t * QD + h * HD, cs, c.rope_dims, c.rope_neox);
+      for (int32_t h = 0; h < c.n_head_kv; ++h) kernels::rope_apply(k_.data() + t * KVD + h * HD, cs, c.rope_dims, c.rope_neox);
+    }
+    if (observer)
+      for (size_t i = 0; i < batch.size(); ++i)
+        observer->on_query_post_rope(static_cast<int32_t>(i), l, q_.data() + spans_[i].begin * QD, spans_[i].n, QD);
+    // Write K/V of the new tokens into their slots (the last n slots of each stream).
+    for (size_t i = 0; i < batch.size(); ++i) {
+      kv::SequenceKv& kv = *batch[i].kv;
+      const bool f16 = kv.pool().config().kv_type == DType::F16;
+      for (int32_t h = 0; h < c.n_head_kv; ++h) {
+        const int32_t s = kv.stream_index(l, h);
+        const int32_t first = kv.n_slots(s) - spans_[i].n;
+        for (int32_t t = 0; t < spans_[i].n; ++t) {
+          const int64_t row = spans_[i].begin + t;
+          const float* ks = k_.data() + row * KVD + h * HD;
+          const float* vs = v_.data() + row * KVD + h * HD;
+          uint8_t* kd = kv.k_slot(s, first + t);
+          uint8_t* vd = kv.v_slot(s, first + t);
+          if (f16) {
+            auto* k16 = reinterpret_cast<uint16_t*>(kd);
+            auto* v16 = reinterpret_cast<uint16_t*>(vd);
+            for (int64_t e = 0; e < HD; ++e) {
+              k16[e] = f32_to_fp16(ks[e]);
+              v16[e] = f32_to_fp16(vs[e]);
+            }
+          } else {
+            std::memcpy(kd, ks, static_cast<size_t>(HD) * 4);
+            std::memcpy(vd, vs, static_cast<size_t>(HD) * 4);
+          }
+        }
+      }
+    }
+    attention(batch, l);
+    matmul(L.wo, att_.data(), total, xb_.data(), pool_);
+    kernels::add_inplace(x_.data(), xb_.data(), total * E);
+    for (int64_t t = 0; t < total; ++t) kernels::rmsnorm(x_.data() + t * E, L.ffn_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
+    matmul(L.w_gate, xb_.data(), total, hb_.data(), pool_);
+    matmul(L.w_up, xb_.data(), total, hb2_.data(), pool_);
+    kernels::silu_mul(hb_.data(), hb2_.data(), total * c.n_ff);
+    matmul(L.w_down, hb_.data(), total, xb_.data(), pool_);
+    kernels::add_inplace(x_.data(), xb_.data(), total * E);
+  }
+
+  // Final norm and logits only for the rows that need them.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    BatchItem& b = batch[i];
+    if (b.logits == nullptr) continue;
+    const int32_t first = b.all_logits ? 0 : spans_[i].n - 1;
+    const int32_t rows = spans_[i].n - first;
+    for (int32_t t = 0; t < rows; ++t)
+      kernels::rmsnorm(x_.data() + (spans_[i].begin + first + t) * E, W.out_norm.f32(), E, c.rms_eps, logits_in_.data() + t * E);
+    matmul(W.output, logits_in_.data(), rows, b.logits, pool_);
+  }
+  return true;
+}
+
+void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
+  const ModelConfig& c = model_->config();
+  const int32_t G = c.group();
+  const int64_t QD = c.q_dim(), HD = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  // Tasks: (sequence, kv head, token block).
+  struct Task {
+    int32_t item, head, t0, t1;
+  };
+  // Small fixed-capacity task list on the stack would limit batch size; reuse a member-free local
+  // vector only when needed. Count first.
+  int32_t n_tasks = 0;
+  for (const auto& sp : spans_) n_tasks += c.n_head_kv * ((sp.n + kAttnTokenBlock - 1) / kAttnTokenBlock);
+  auto task_at = [&](int32_t idx) {
+    for (size_t i = 0; i < spans_.size(); ++i) {
+      const int32_t blocks = (spans_[i].n + kAttnTokenBlock - 1) / kAttnTokenBlock;
+      const int32_t here = c.n_head_kv * blocks;
+      if (idx < here) {
+        const int32_t head = idx / blocks, blk = idx % blocks;
+        return Task{static_cast<int32_t>(i), head, blk * kAttnTokenBlock, std::min(spans_[i].n, (blk + 1) * kAttnTokenBlock)};
+      }
+      idx -= here;
+    }
+    return Task{0, 0, 0, 0};
+  };
+  pool_->run(n_tasks, [&](int task, int thread) {
+    const Task tk = task_at(task);
+    BatchItem& b = batch[static_cast<size_t>(tk.item)];
+    const int32_t s = b.kv->stream_index(layer, tk.head);
+    kernels::KvStreamView view = b.kv->view(s);
+    const int32_t n = spans_[static_cast<size_t>(tk.item)].n;
+    view.n_slots = view.n_slots - n + tk.t1;  // causal: this block's last token sees up to its own slot
+    const int64_t row0 = spans_[static_cast<size_t>(tk.item)].begin + tk.t0;
+    kernels::AttentionArgs a;
+    a.q = q_.data() + row0 * QD + static_cast<int64_t>(tk.head) * G * HD;
+    a.q_stride = QD;
+    a.out = att_.data() + row0 * QD + static_cast<int64_t>(tk.head) * G * HD;
+    a.out_stride = QD;
+    a.n_new = tk.t1 - tk.t0;
+    a.group = G;
+    a.scale = scale;
+    a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
+    a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
+    kernels::paged_attention(view, a);
+  });
+}
+
+}  // namespace kvpack

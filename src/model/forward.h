@@ -1,0 +1,70 @@
+// The transformer forward pass over paged KV, for a batch of sequences in one call.
+//
+// Every token of every sequence in the batch goes through the weight matmuls together (one weight read
+// per batch, which is what makes continuous batching and chunked prefill pay); attention then runs per
+// sequence and KV stream over that sequence's pages. Per layer:
+//   rmsnorm → Q,K,V (+bias) → [q/k RMSNorm] → RoPE → write K,V into pages → paged flash attention
+//   → output projection + residual → rmsnorm → SwiGLU MLP + residual.
+// Scratch buffers are sized once for `max_batch_tokens`, so a forward call does not allocate.
+// Thread-safety: a Forward is used by one thread at a time (it owns scratch); it parallelises inside
+// with the ThreadPool it was given.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/sequence_kv.h"
+#include "model/model.h"
+#include "util/thread_pool.h"
+
+namespace kvpack {
+
+// Optional taps into the forward pass (calibration, attention-score policies, tests).
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // Pre-RoPE queries of one sequence's tokens in `layer` (after q-norm for qwen3): q(t, head) at
+  // q + t * stride + head * head_dim, for t < n_tokens.
+  virtual void on_query_pre_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) {}
+  // Post-RoPE queries of the same tokens (what attention used).
+  virtual void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) {}
+};
+
+struct BatchItem {
+  kv::SequenceKv* kv = nullptr;
+  std::span<const int32_t> tokens;  // new tokens; positions are kv->next_pos() onwards
+  float* logits = nullptr;          // nullptr: no logits; else [n_vocab] for the last token, or [n][n_vocab]
+  bool all_logits = false;
+  float* key_mass = nullptr;        // optional H2O statistic: [n_streams][max slots] (see paged_attention)
+  int64_t key_mass_stride = 0;      // floats between streams in key_mass
+};
+
+class Forward {
+ public:
+  Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens);
+
+  // Runs the batch. Returns false, changing nothing, when the KV pool cannot hold the new tokens of
+  // some sequence (checked up front for the whole batch). Throws std::invalid_argument on bad input
+  // (token id out of range, position past the context, batch larger than max_batch_tokens).
+  bool run(std::span<BatchItem> batch, ForwardObserver* observer = nullptr);
+
+  int32_t max_batch_tokens() const { return max_tokens_; }
+  const Model& model() const { return *model_; }
+
+ private:
+  void attention(std::span<BatchItem> batch, int32_t layer);
+
+  const Model* model_;
+  ThreadPool* pool_;
+  int32_t max_tokens_;
+  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rope_cs_, logits_in_;
+  std::vector<int32_t> pos_;
+  std::vector<float> attn_scratch_;
+  size_t attn_scratch_per_thread_ = 0;
+  struct Span {
+    int32_t begin, n, slots_before;
+  };
+  std::vector<Span> spans_;
+};
+
+}  // namespace kvpack

@@ -1,0 +1,130 @@
+// GGUF model loading: hyper-parameters from `<arch>.*` keys, tensors by llama.cpp's names.
+#include <algorithm>
+#include <filesystem>
+
+#include "gguf/gguf.h"
+#include "kernels/matmul.h"
+#include "model/model.h"
+
+namespace kvpack {
+namespace {
+
+struct Loader {
+  const gguf::File& f;
+  const std::string& arch;
+  size_t bytes = 0;
+
+  int64_t need_int(const std::string& key) const {
+    auto v = f.get_int(arch + "." + key);
+    if (!v) throw ModelError(f.name() + ": missing metadata key '" + arch + "." + key + "'");
+    if (*v <= 0 || *v > (int64_t{1} << 31)) throw ModelError(f.name() + ": bad value for '" + arch + "." + key + "'");
+    return *v;
+  }
+  int64_t opt_int(const std::string& key, int64_t def) const { return f.get_int(arch + "." + key).value_or(def); }
+  double opt_float(const std::string& key, double def) const { return f.get_float(arch + "." + key).value_or(def); }
+
+  // Loads a tensor and checks its shape: GGUF shape is {n_in, n_out} (or {n} for vectors).
+  Weight tensor(const std::string& name, int64_t n_in, int64_t n_out, bool required = true) {
+    const gguf::TensorInfo* t = f.tensor(name);
+    if (t == nullptr) {
+      if (required) throw ModelError(f.name() + ": missing tensor '" + name + "'");
+      return {};
+    }
+    const bool vec = n_out == 1;
+    const bool ok = vec ? (t->shape.size() == 1 && static_cast<int64_t>(t->shape[0]) == n_in)
+                        : (t->shape.size() == 2 && static_cast<int64_t>(t->shape[0]) == n_in &&
+                           static_cast<int64_t>(t->shape[1]) == n_out);
+    if (!ok) {
+      std::string got;
+      for (auto d : t->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      throw ModelError(f.name() + ": tensor '" + name + "' has shape [" + got + "], expected [" + std::to_string(n_in) +
+                       (vec ? "" : ", " + std::to_string(n_out)) + "]");
+    }
+    if (vec && t->type != DType::F32)
+      throw ModelError(f.name() + ": tensor '" + name + "' must be F32 (norm/bias), is " + std::string(dtype_name(t->type)));
+    if (!vec && !kernels::matmul_supports(t->type))
+      throw ModelError(f.name() + ": tensor '" + name + "' has unsupported type " + std::string(dtype_name(t->type)));
+    bytes += t->n_bytes;
+    return Weight{t->data, t->type, n_in, n_out};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load_gguf(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->gguf_ = gguf::File::open(path);
+  const gguf::File& f = *m->gguf_;
+  ModelConfig& c = m->cfg_;
+  c.arch = f.get_string("general.architecture").value_or("");
+  if (c.arch.empty()) throw ModelError(path + ": no general.architecture (vocab-only file?)");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+    throw ModelError(path + ": unknown architecture '" + c.arch + "' (supported: llama, qwen2, qwen3)");
+  c.name = f.get_string("general.name").value_or(std::filesystem::path(path).filename().string());
+  c.random_weights = f.get_bool("kvpack.random_weights").value_or(false) ||
+                     c.name.find("random") != std::string::npos;
+  Loader L{f, c.arch};
+  c.n_embd = static_cast<int32_t>(L.need_int("embedding_length"));
+  c.n_layer = static_cast<int32_t>(L.need_int("block_count"));
+  c.n_head = static_cast<int32_t>(L.need_int("attention.head_count"));
+  c.n_head_kv = static_cast<int32_t>(L.opt_int("attention.head_count_kv", c.n_head));
+  c.n_ff = static_cast<int32_t>(L.need_int("feed_forward_length"));
+  c.n_ctx = static_cast<int32_t>(L.need_int("context_length"));
+  c.head_dim = static_cast<int32_t>(L.opt_int("attention.key_length", c.n_head > 0 ? c.n_embd / c.n_head : 0));
+  if (L.opt_int("attention.value_length", c.head_dim) != c.head_dim)
+    throw ModelError(path + ": key_length != value_length is not supported");
+  c.rope_dims = static_cast<int32_t>(L.opt_int("rope.dimension_count", c.head_dim));
+  c.rope_theta = static_cast<float>(L.opt_float("rope.freq_base", 10000.0));
+  c.rms_eps = static_cast<float>(L.opt_float("attention.layer_norm_rms_epsilon", 1e-5));
+  if (auto st = f.get_string(c.arch + ".rope.scaling.type"); st && *st == "linear")
+    c.rope_freq_scale = static_cast<float>(1.0 / L.opt_float("rope.scaling.factor", 1.0));
+  else if (st && *st != "none")
+    throw ModelError(path + ": rope scaling '" + *st + "' is not supported yet");
+  c.rope_neox = c.arch != "llama";  // llama.cpp: LLAMA uses normal RoPE, QWEN2/QWEN3 NeoX
+  c.qk_norm = c.arch == "qwen3";
+  c.qkv_bias = c.arch == "qwen2";
+  if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)
+    throw ModelError(path + ": head_count (" + std::to_string(c.n_head) + ") is not a multiple of head_count_kv (" +
+                     std::to_string(c.n_head_kv) + ")");
+
+  m->tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
+  c.n_vocab = static_cast<int32_t>(L.opt_int("vocab_size", m->tok_->n_vocab()));
+
+  ModelWeights& w = m->w_;
+  w.tok_embd = L.tensor("token_embd.weight", c.n_embd, c.n_vocab);
+  w.out_norm = L.tensor("output_norm.weight", c.n_embd, 1);
+  w.output = L.tensor("output.weight", c.n_embd, c.n_vocab, false);
+  if (!w.output) {
+    w.output = w.tok_embd;
+    c.tied_embeddings = true;
+  }
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    lw.attn_norm = L.tensor(p + "attn_norm.weight", c.n_embd, 1);
+    lw.wq = L.tensor(p + "attn_q.weight", c.n_embd, c.q_dim());
+    lw.wk = L.tensor(p + "attn_k.weight", c.n_embd, c.kv_dim());
+    lw.wv = L.tensor(p + "attn_v.weight", c.n_embd, c.kv_dim());
+    lw.wo = L.tensor(p + "attn_output.weight", c.q_dim(), c.n_embd);
+    if (c.qkv_bias) {
+      lw.bq = L.tensor(p + "attn_q.bias", c.q_dim(), 1);
+      lw.bk = L.tensor(p + "attn_k.bias", c.kv_dim(), 1);
+      lw.bv = L.tensor(p + "attn_v.bias", c.kv_dim(), 1);
+    }
+    if (c.qk_norm) {
+      lw.q_norm = L.tensor(p + "attn_q_norm.weight", c.head_dim, 1);
+      lw.k_norm = L.tensor(p + "attn_k_norm.weight", c.head_dim, 1);
+    }
+    lw.ffn_norm = L.tensor(p + "ffn_norm.weight", c.n_embd, 1);
+    lw.w_gate = L.tensor(p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    lw.w_up = L.tensor(p + "ffn_up.weight", c.n_embd, c.n_ff);
+    lw.w_down = L.tensor(p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+  m->weight_bytes_ = L.bytes;
+  m->chat_template_ = f.get_string("tokenizer.chat_template").value_or("");
+  m->validate();
+  return m;
+}
+
+}  // namespace kvpack

@@ -1,0 +1,73 @@
+// A small fork-join pool for the kernels: run(n, fn) calls fn(task, thread) for task in [0, n) on the
+// caller plus the workers and returns when all tasks are done. Built for ~hundreds of calls per decoded
+// token, so workers spin briefly before sleeping and no call allocates.
+// Thread-safety: one run() at a time per pool (the engine owns one pool and calls it from one thread).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kvpack {
+
+// Non-owning reference to a callable void(int task, int thread); avoids std::function's allocation.
+class TaskRef {
+ public:
+  template <class F>
+  TaskRef(F& f) : obj_(&f), call_([](void* o, int task, int thread) { (*static_cast<F*>(o))(task, thread); }) {}
+  void operator()(int task, int thread) const { call_(obj_, task, thread); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int, int);
+};
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // total threads including the caller; >= 1
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  template <class F>
+  void run(int n_tasks, F&& fn) {
+    auto& f = fn;
+    run_impl(n_tasks, TaskRef(f));
+  }
+
+ private:
+  void run_impl(int n_tasks, TaskRef fn);
+  void worker_loop(int thread_index);
+  void drain(int thread_index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> next_task_{0};
+  std::atomic<int> active_workers_{0};
+  int n_tasks_ = 0;
+  TaskRef* fn_ = nullptr;
+  bool stop_ = false;
+};
+
+// Splits [0, n) into `parts` contiguous ranges; returns the range of part `i`, aligned to `align`.
+inline std::pair<int64_t, int64_t> split_range(int64_t n, int parts, int i, int64_t align = 1) {
+  const int64_t blocks = (n + align - 1) / align;
+  const int64_t per = blocks / parts, extra = blocks % parts;
+  const int64_t b0 = i * per + (i < extra ? i : extra);
+  const int64_t b1 = b0 + per + (i < extra ? 1 : 0);
+  int64_t lo = b0 * align, hi = b1 * align;
+  if (hi > n) hi = n;
+  if (lo > n) lo = n;
+  return {lo, hi};
+}
+
+}  // namespace kvpack

@@ -1,0 +1,199 @@
+// Page pool and sequence KV: allocation, refcounts, invariants, compaction, copy-on-write — including a
+// randomized property test over thousands of operations that checks the invariants after each step.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+
+using namespace kvpack;
+using namespace kvpack::kv;
+
+namespace {
+
+PoolConfig small_pool(int64_t pages, int32_t page_size = 4, int32_t head_dim = 8) {
+  PoolConfig c;
+  c.page_size = page_size;
+  c.head_dim = head_dim;
+  c.kv_type = DType::F32;
+  c.max_pages = pages;
+  c.pages_per_chunk = 3;  // several chunks even in small tests
+  return c;
+}
+
+std::string check_all(const PagePool& pool, const std::vector<const SequenceKv*>& seqs) {
+  std::vector<std::span<const PageId>> tables;
+  for (auto* s : seqs)
+    for (int32_t i = 0; i < s->n_streams(); ++i) tables.push_back(s->page_table(i));
+  return pool.check(tables);
+}
+
+// Writes a recognisable value into every K/V element of a slot: (position, stream, which).
+void stamp(SequenceKv& kv, int32_t stream, int32_t slot, int32_t pos) {
+  auto* k = reinterpret_cast<float*>(kv.k_slot(stream, slot));
+  auto* v = reinterpret_cast<float*>(kv.v_slot(stream, slot));
+  for (int32_t e = 0; e < kv.pool().config().head_dim; ++e) {
+    k[e] = static_cast<float>(pos * 1000 + stream * 10 + 1);
+    v[e] = static_cast<float>(pos * 1000 + stream * 10 + 2);
+  }
+}
+
+bool stamped(SequenceKv& kv, int32_t stream, int32_t slot, int32_t pos) {
+  auto* k = reinterpret_cast<float*>(kv.k_slot(stream, slot));
+  auto* v = reinterpret_cast<float*>(kv.v_slot(stream, slot));
+  return k[0] == static_cast<float>(pos * 1000 + stream * 10 + 1) && v[7] == static_cast<float>(pos * 1000 + stream * 10 + 2) &&
+         kv.position(stream, slot) == pos;
+}
+
+}  // namespace
+
+TEST(PagePool, AllocateReleaseAndExhaustion) {
+  PagePool pool(small_pool(5));
+  EXPECT_EQ(pool.page_bytes(), 2u * 4 * 8 * 4);
+  std::vector<PageId> got;
+  for (int i = 0; i < 5; ++i) {
+    const PageId p = pool.allocate();
+    ASSERT_NE(p, kNoPage);
+    got.push_back(p);
+  }
+  EXPECT_EQ(pool.allocate(), kNoPage);
+  EXPECT_EQ(pool.used_pages(), 5);
+  EXPECT_EQ(pool.free_pages(), 0);
+  pool.retain(got[2]);
+  pool.release(got[2]);
+  EXPECT_EQ(pool.refcount(got[2]), 1);
+  pool.release(got[2]);
+  EXPECT_EQ(pool.refcount(got[2]), 0);
+  EXPECT_EQ(pool.free_pages(), 1);
+  EXPECT_EQ(pool.allocate(), got[2]);  // LIFO reuse of the freed page
+}
+
+TEST(PagePool, MemoryGrowsWithPagesUsedNotWithLimit) {
+  PoolConfig c = small_pool(1'000'000, 16, 128);
+  c.pages_per_chunk = 0;  // default ~2 MiB chunks
+  PagePool pool(c);
+  EXPECT_EQ(pool.reserved_bytes(), 0u);
+  const PageId p = pool.allocate();
+  ASSERT_NE(p, kNoPage);
+  EXPECT_GT(pool.reserved_bytes(), 0u);
+  EXPECT_LE(pool.reserved_bytes(), size_t{3} << 20);  // one chunk, not 16 GB for the limit
+}
+
+TEST(SequenceKv, AppendTracksPagesPositionsAndReleasesOnDestruction) {
+  PagePool pool(small_pool(64));
+  {
+    SequenceKv kv(pool, /*layers=*/2, /*kv_heads=*/3);
+    ASSERT_TRUE(kv.append(5, 0));  // 5 slots -> 2 pages per stream
+    EXPECT_EQ(kv.pages_held(), 2 * 6);
+    EXPECT_EQ(kv.pages_needed(3), 0);  // 8 slots still fit in 2 pages
+    EXPECT_EQ(kv.pages_needed(4), 6);
+    for (int32_t s = 0; s < kv.n_streams(); ++s)
+      for (int32_t i = 0; i < 5; ++i) EXPECT_EQ(kv.position(s, i), i);
+    EXPECT_EQ(check_all(pool, {&kv}), "");
+    EXPECT_EQ(kv.next_pos(), 5);
+  }
+  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_EQ(pool.check({}), "");
+}
+
+TEST(SequenceKv, AppendIsAllOrNothingWhenPoolRunsOut) {
+  PagePool pool(small_pool(7));
+  SequenceKv kv(pool, 1, 2);
+  ASSERT_TRUE(kv.append(12, 0));  // 3 pages per stream = 6
+  EXPECT_FALSE(kv.append(1, 12)); // needs 2 more pages, 1 free
+  EXPECT_EQ(kv.n_slots(0), 12);
+  EXPECT_EQ(kv.next_pos(), 12);
+  EXPECT_EQ(check_all(pool, {&kv}), "");
+}
+
+TEST(SequenceKv, CompactionSlidesSurvivorsForwardAndFreesTailPages) {
+  PagePool pool(small_pool(64));
+  SequenceKv kv(pool, 1, 1);
+  ASSERT_TRUE(kv.append(16, 100));  // 4 pages of 4
+  for (int32_t i = 0; i < 16; ++i) stamp(kv, 0, i, 100 + i);
+  const std::vector<int32_t> keep = {0, 1, 5, 9, 10, 15};
+  const int64_t freed = kv.compact_stream(0, keep);
+  EXPECT_EQ(freed, 2);  // 6 survivors fit in 2 pages
+  EXPECT_EQ(kv.n_slots(0), 6);
+  for (size_t i = 0; i < keep.size(); ++i) EXPECT_TRUE(stamped(kv, 0, static_cast<int32_t>(i), 100 + keep[i])) << i;
+  EXPECT_EQ(pool.used_pages(), 2);
+  EXPECT_EQ(check_all(pool, {&kv}), "");
+}
+
+TEST(SequenceKv, CompactionNeverWritesASharedPage) {
+  PagePool pool(small_pool(64));
+  SequenceKv a(pool, 1, 1);
+  ASSERT_TRUE(a.append(8, 0));
+  for (int32_t i = 0; i < 8; ++i) stamp(a, 0, i, i);
+  const PageId first = a.page_table(0)[0];
+  pool.retain(first);  // an outside owner (e.g. the prefix cache) now also holds page 0
+  const std::vector<int32_t> keep = {0, 2, 4, 6};
+  ASSERT_GE(a.compact_stream(0, keep), 0);
+  // The shared page keeps its original content; a got a private copy.
+  EXPECT_NE(a.page_table(0)[0], first);
+  EXPECT_EQ(pool.refcount(first), 1);
+  const auto* k = reinterpret_cast<const float*>(pool.data(first));
+  EXPECT_EQ(k[8], 1.0f * 1000 + 1);  // slot 1 of the shared page still holds position 1
+  for (int32_t i = 0; i < 4; ++i) EXPECT_TRUE(stamped(a, 0, i, keep[static_cast<size_t>(i)]));
+  pool.release(first);
+}
+
+TEST(SequenceKv, RandomOperationsKeepPoolInvariants) {
+  std::mt19937 rng(1234);
+  PagePool pool(small_pool(200, 4, 8));
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<PageId> outside;  // pages retained by an "outside owner" (prefix cache stand-in)
+  int ops = 0;
+  for (int step = 0; step < 5000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 2 && seqs.size() < 8) {
+      seqs.push_back(std::make_unique<SequenceKv>(pool, 2, 2));
+    } else if (op < 6 && !seqs.empty()) {
+      auto& s = *seqs[rng() % seqs.size()];
+      const int32_t n = 1 + static_cast<int32_t>(rng() % 9);
+      const int32_t pos = s.next_pos();
+      if (s.append(n, pos)) {
+        for (int32_t st = 0; st < s.n_streams(); ++st)
+          for (int32_t i = s.n_slots(st) - n; i < s.n_slots(st); ++i) stamp(s, st, i, s.position(st, i));
+      }
+    } else if (op < 8 && !seqs.empty()) {
+      auto& s = *seqs[rng() % seqs.size()];
+      const int32_t st = static_cast<int32_t>(rng() % static_cast<unsigned>(s.n_streams()));
+      std::vector<int32_t> keep, before_pos;
+      for (int32_t i = 0; i < s.n_slots(st); ++i)
+        if (rng() % 3 != 0) keep.push_back(i);
+      for (int32_t i : keep) before_pos.push_back(s.position(st, i));
+      if (s.compact_stream(st, keep) >= 0) {
+        ASSERT_EQ(s.n_slots(st), static_cast<int32_t>(keep.size()));
+        for (size_t i = 0; i < keep.size(); ++i) ASSERT_TRUE(stamped(s, st, static_cast<int32_t>(i), before_pos[i]));
+      }
+    } else if (op == 8 && !seqs.empty()) {
+      // an outside owner takes a reference to some page (shared prefix), or drops one
+      auto& s = *seqs[rng() % seqs.size()];
+      auto t = s.page_table(0);
+      if (!t.empty() && rng() % 2) {
+        pool.retain(t[0]);
+        outside.push_back(t[0]);
+      } else if (!outside.empty()) {
+        pool.release(outside.back());
+        outside.pop_back();
+      }
+    } else if (!seqs.empty()) {
+      seqs.erase(seqs.begin() + static_cast<long>(rng() % seqs.size()));
+    }
+    ++ops;
+    std::vector<std::span<const PageId>> tables;
+    for (auto& s : seqs)
+      for (int32_t i = 0; i < s->n_streams(); ++i) tables.push_back(s->page_table(i));
+    tables.push_back(outside);
+    ASSERT_EQ(pool.check(tables), "") << "after op " << step;
+  }
+  seqs.clear();
+  for (PageId p : outside) pool.release(p);
+  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_EQ(ops, 5000);
+}

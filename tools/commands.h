@@ -1,0 +1,14 @@
+// Sub-commands of the `kvpack` CLI; each file tools/cmd_<name>.cpp registers one.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace kvpack::cli {
+
+void add_generate(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_gen_model(CLI::App& app);
+
+// Path of the embedded default model (a deterministic random-weight model written on first use).
+std::string default_model_path();
+
+}  // namespace kvpack::cli
