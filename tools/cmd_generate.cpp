@@ -22,6 +22,8 @@ void add_generate(CLI::App& app) {
   auto stop = std::make_shared<std::vector<std::string>>();
   auto ignore_eos = std::make_shared<bool>(false);
   add_model_options(*cmd, *o);
+  auto kvo = std::make_shared<KvOptions>();
+  add_kv_options(*cmd, *kvo);
   auto* p_opt = cmd->add_option("-p,--prompt", *prompt, "Prompt text (default: none, generation starts from BOS)");
   cmd->add_option("-f,--file", *prompt_file, "Read the prompt from a file")->excludes(p_opt)->check(CLI::ExistingFile);
   cmd->add_option("-n,--n-predict", *n, "Tokens to generate")->check(CLI::Range(0, 1 << 24));
@@ -53,6 +55,7 @@ void add_generate(CLI::App& app) {
     req.stop = *stop;
     req.ignore_eos = *ignore_eos;
     Engine engine(*model, engine_options(*o));
+    req.kv = kv_config(*kvo, engine);
     if (!text.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     }
@@ -63,7 +66,7 @@ void add_generate(CLI::App& app) {
     });
     std::fputc('\n', stdout);
     std::fflush(stdout);
-    print_generate_stats(r, engine);
+    print_generate_stats(r, engine, req.kv);
   });
 }
 

@@ -17,6 +17,41 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
 }
 
+void add_kv_options(CLI::App& cmd, KvOptions& o) {
+  cmd.add_option("--kv-policy", o.policy, "KV compression policy: full, streaming, knorm, triattention, snapkv, rkv, tova, h2o");
+  cmd.add_option("--kv-budget", o.budget, "Slots kept per (layer, KV head) after compression (0 = no compression)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--kv-interval", o.interval, "Compress when the cache reaches budget + interval")->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--kv-sinks", o.sinks, "First slots never evicted")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--kv-window", o.window, "Recent slots never evicted (-1 = policy default)")->check(CLI::Range(-1, 1 << 20));
+  cmd.add_option("--kv-split", o.split, "Budget split across layers/heads")->check(CLI::IsMember({"uniform", "pyramid", "ada"}));
+  cmd.add_flag("--kv-protect-prompt", o.protect_prompt, "Never evict prompt tokens");
+  cmd.add_flag("--kv-naive", o.naive, "Demonstration: evict without compaction (holes; frees almost nothing)");
+  cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`)")->check(CLI::ExistingFile);
+}
+
+compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
+  compress::CompressConfig c;
+  c.policy = compress::parse_policy(o.policy);
+  c.budget = o.budget;
+  c.interval = o.interval;
+  c.sinks = o.sinks;
+  c.window = o.window;
+  c.split = compress::parse_split(o.split);
+  c.protect_prompt = o.protect_prompt;
+  c.naive = o.naive;
+  c.calib_path = o.calib;
+  if (c.policy != compress::PolicyKind::Full && c.budget == 0)
+    throw std::invalid_argument("--kv-policy " + o.policy + " needs --kv-budget N");
+  if (compress::policy_needs_calibration(c.policy)) {
+    if (o.calib.empty())
+      throw std::invalid_argument("--kv-policy " + o.policy +
+                                  " needs calibration: run `kvpack calibrate -m MODEL --text FILE -o FILE`, then pass --kv-calib FILE");
+    engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));
+  }
+  return c;
+}
+
 std::unique_ptr<Model> load_model(const ModelOptions& o) {
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   auto m = Model::load(path, o.tokenizer);
@@ -51,7 +86,7 @@ std::string format_bytes(size_t b) {
   return buf;
 }
 
-void print_generate_stats(const GenerateResult& r, const Engine& engine) {
+void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv) {
   const double pre = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
   const double dec = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
   std::fprintf(stderr,
@@ -60,6 +95,20 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine) {
                r.prompt_tokens, r.tokens.size(), r.stop_reason.c_str(), pre, dec, static_cast<long long>(r.kv_pages_in_use),
                engine.pool().page_bytes(), r.resident_kv_bytes, r.peak_resident_kv_bytes,
                r.pool_reserved_bytes);
+  if (kv.enabled()) {
+    const auto& c = r.compression;
+    const int64_t streams = static_cast<int64_t>(engine.model().config().n_layer) * engine.model().config().n_head_kv;
+    const double total_decode = r.decode_seconds + r.prefill_seconds;
+    std::fprintf(stderr,
+                 "[kvpack] kv: policy=%s budget=%d interval=%d split=%s%s compactions=%lld evicted_tokens=%lld "
+                 "evicted_slots=%lld freed_pages=%lld reclaim_efficiency=%.3f compaction_ms=%.2f compaction_share=%.2f%% "
+                 "peak_resident_kv_bytes=%zu final_resident_kv_bytes=%zu\n",
+                 compress::policy_name(kv.policy), kv.budget, kv.interval, compress::split_name(kv.split), kv.naive ? " naive" : "",
+                 static_cast<long long>(c.events), static_cast<long long>(c.evicted_slots / std::max<int64_t>(1, streams)),
+                 static_cast<long long>(c.evicted_slots), static_cast<long long>(c.freed_pages), c.reclaim_efficiency(),
+                 c.seconds * 1e3, total_decode > 0 ? 100.0 * c.seconds / total_decode : 0.0, r.peak_resident_kv_bytes,
+                 r.resident_kv_bytes);
+  }
 }
 
 }  // namespace kvpack::cli

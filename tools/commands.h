@@ -7,6 +7,7 @@ namespace kvpack::cli {
 void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_gen_model(CLI::App& app);
+void add_calibrate(CLI::App& app);
 
 // Path of the embedded default model (a deterministic random-weight model written on first use).
 std::string default_model_path();

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   kvpack::cli::add_generate(app);
   kvpack::cli::add_tokenize(app);
   kvpack::cli::add_gen_model(app);
+  kvpack::cli::add_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

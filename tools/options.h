@@ -20,10 +20,26 @@ struct ModelOptions {
   bool quiet = false;
 };
 
+// KV compression flags (--kv-policy ...), shared by generate / eval / serve.
+struct KvOptions {
+  std::string policy = "full";
+  int32_t budget = 0;
+  int32_t interval = 128;
+  int32_t sinks = 4;
+  int32_t window = -1;
+  std::string split = "uniform";
+  bool protect_prompt = false;
+  bool naive = false;
+  std::string calib;
+};
+
 void add_model_options(CLI::App& cmd, ModelOptions& o);
+void add_kv_options(CLI::App& cmd, KvOptions& o);
+// Validates and converts; loads the calibration into the engine when the policy needs it.
+compress::CompressConfig kv_config(const KvOptions& o, Engine& engine);
 std::unique_ptr<Model> load_model(const ModelOptions& o);  // prints a one-line model summary to stderr
 EngineOptions engine_options(const ModelOptions& o);
-void print_generate_stats(const GenerateResult& r, const Engine& engine);
+void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv);
 std::string format_bytes(size_t b);
 
 }  // namespace kvpack::cli

@@ -33,17 +33,24 @@ std::unique_ptr<kv::SequenceKv> Engine::new_sequence() {
   return std::make_unique<kv::SequenceKv>(pool_, model_->config().n_layer, model_->config().n_head_kv);
 }
 
-void Engine::prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits) {
+int64_t Engine::prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
+                        compress::SequenceCompressor* comp) {
+  int64_t peak = kv.pages_held();
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(opt_.max_batch_tokens)) {
     const size_t n = std::min(tokens.size() - i, static_cast<size_t>(opt_.max_batch_tokens));
+    const bool last = i + n == tokens.size();
     BatchItem item;
     item.kv = &kv;
     item.tokens = tokens.subspan(i, n);
-    item.logits = i + n == tokens.size() ? logits : nullptr;
-    if (!forward_.run(std::span<BatchItem>(&item, 1)))
+    item.logits = last ? logits : nullptr;
+    if (comp) comp->prepare(kv, item);
+    if (!forward_.run(std::span<BatchItem>(&item, 1), comp))
       throw std::runtime_error("KV cache exhausted: " + std::to_string(pool_.used_pages()) + " of " +
                                std::to_string(pool_.capacity()) + " pages in use (raise --kv-pages)");
+    peak = std::max(peak, kv.pages_held());
+    if (comp) comp->after_forward(kv, last);
   }
+  return peak;
 }
 
 GenerateResult Engine::generate(const GenerateRequest& req, const std::function<bool(std::string_view)>& on_text) {
@@ -59,15 +66,18 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   Sampler sampler(req.sampling, c.n_vocab);
   TextStream stream(req.stop);
+  std::unique_ptr<compress::SequenceCompressor> comp;
+  if (req.kv.enabled())
+    comp = std::make_unique<compress::SequenceCompressor>(req.kv, c, calib_.get(), static_cast<int32_t>(req.prompt.size()),
+                                                          &threads_);
   std::vector<int32_t> history(req.prompt);
   history.reserve(req.prompt.size() + static_cast<size_t>(std::max(0, req.max_tokens)));
   size_t peak_pages = 0;
 
   const double t0 = now_seconds();
-  prefill(*kv, req.prompt, logits.data());
+  peak_pages = static_cast<size_t>(prefill(*kv, req.prompt, logits.data(), comp.get()));
   const double t1 = now_seconds();
   res.prefill_seconds = t1 - t0;
-  peak_pages = static_cast<size_t>(kv->pages_held());
 
   int32_t prev = req.prompt.back();
   res.stop_reason = "length";
@@ -103,10 +113,12 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
     const int32_t one[1] = {next};
     item.tokens = std::span<const int32_t>(one, 1);
     item.logits = logits.data();
-    if (!forward_.run(std::span<BatchItem>(&item, 1)))
+    if (comp) comp->prepare(*kv, item);
+    if (!forward_.run(std::span<BatchItem>(&item, 1), comp.get()))
       throw std::runtime_error("KV cache exhausted during decode (" + std::to_string(pool_.used_pages()) + " pages in use)");
     ++res.decode_steps;
     peak_pages = std::max(peak_pages, static_cast<size_t>(kv->pages_held()));
+    if (comp) comp->after_forward(*kv, false);
   }
   if (res.stop_reason != "stop") {
     const std::string rest = stream.flush();
@@ -118,6 +130,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
   res.resident_kv_bytes = static_cast<size_t>(res.kv_pages_in_use) * pool_.page_bytes();
   res.peak_resident_kv_bytes = peak_pages * pool_.page_bytes();
   res.pool_reserved_bytes = pool_.reserved_bytes();
+  if (comp) res.compression = comp->stats();
   return res;
 }
 

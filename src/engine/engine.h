@@ -9,6 +9,9 @@
 #include <string_view>
 #include <vector>
 
+#include "compress/calibration.h"
+#include "compress/compressor.h"
+#include "compress/config.h"
 #include "engine/sampler.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
@@ -32,6 +35,7 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  compress::CompressConfig kv;  // KV compression (policy "full" = none)
 };
 
 struct GenerateResult {
@@ -45,6 +49,7 @@ struct GenerateResult {
   size_t resident_kv_bytes = 0;      // those pages' bytes
   size_t peak_resident_kv_bytes = 0;
   size_t pool_reserved_bytes = 0;    // memory the pool actually obtained from the system
+  compress::CompressionStats compression;
 };
 
 class Engine {
@@ -60,8 +65,15 @@ class Engine {
   std::unique_ptr<kv::SequenceKv> new_sequence();
 
   // Prefills `tokens` into kv in chunks of max_batch_tokens; logits of the last token into `logits`
-  // (may be nullptr). Throws std::runtime_error if the pool is exhausted.
-  void prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits);
+  // (may be nullptr). With a compressor, compression runs between chunks when the schedule says so,
+  // so a long prompt never holds more than budget + interval + one chunk. Returns the peak pages held.
+  // Throws std::runtime_error if the pool is exhausted.
+  int64_t prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
+                  compress::SequenceCompressor* comp = nullptr);
+
+  // TriAttention statistics for requests that use it (loaded once, shared by all sequences).
+  void set_calibration(compress::QueryStats stats) { calib_ = std::make_unique<compress::QueryStats>(std::move(stats)); }
+  const compress::QueryStats* calibration() const { return calib_.get(); }
 
   // Generates text; on_text receives printable text as it is produced and returns false to cancel.
   GenerateResult generate(const GenerateRequest& req, const std::function<bool(std::string_view)>& on_text);
@@ -72,6 +84,7 @@ class Engine {
   ThreadPool threads_;
   kv::PagePool pool_;
   Forward forward_;
+  std::unique_ptr<compress::QueryStats> calib_;
 };
 
 kv::PoolConfig default_pool_config(const ModelConfig& c, const EngineOptions& opt);

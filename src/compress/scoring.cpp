@@ -1,0 +1,175 @@
+#include "compress/scoring.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "util/half.h"
+
+namespace kvpack::compress {
+namespace {
+
+void load_row(const uint8_t* src, DType t, int32_t n, float* out) {
+  if (t == DType::F32) {
+    std::memcpy(out, src, static_cast<size_t>(n) * 4);
+  } else {
+    const auto* h = reinterpret_cast<const uint16_t*>(src);
+    for (int32_t i = 0; i < n; ++i) out[i] = fp16_to_f32(h[i]);
+  }
+}
+
+}  // namespace
+
+void load_key(const kv::SequenceKv& kv, int32_t stream, int32_t slot, float* out) {
+  const auto& cfg = kv.pool().config();
+  load_row(const_cast<kv::SequenceKv&>(kv).k_slot(stream, slot), cfg.kv_type, cfg.head_dim, out);
+}
+
+void load_value(const kv::SequenceKv& kv, int32_t stream, int32_t slot, float* out) {
+  const auto& cfg = kv.pool().config();
+  load_row(const_cast<kv::SequenceKv&>(kv).v_slot(stream, slot), cfg.kv_type, cfg.head_dim, out);
+}
+
+void score_knorm(const kv::SequenceKv& kv, int32_t stream, std::span<float> out) {
+  const int32_t hd = kv.pool().config().head_dim;
+  std::vector<float> k(static_cast<size_t>(hd));
+  for (int32_t j = 0; j < kv.n_slots(stream); ++j) {
+    load_key(kv, stream, j, k.data());
+    double ss = 0;
+    for (float v : k) ss += static_cast<double>(v) * v;
+    out[static_cast<size_t>(j)] = static_cast<float>(-std::sqrt(ss));
+  }
+}
+
+void tri_offset_table(const ModelConfig& c, int64_t t, std::vector<float>& C, std::vector<float>& S) {
+  const int32_t F = c.rope_dims / 2;
+  C.assign(static_cast<size_t>(F), 0.0f);
+  S.assign(static_cast<size_t>(F), 0.0f);
+  constexpr int kOffsets = 17;  // 1, 2, 4, ..., 65536
+  for (int32_t f = 0; f < F; ++f) {
+    const double omega = std::pow(static_cast<double>(c.rope_theta), -2.0 * f / c.rope_dims) * c.rope_freq_scale;
+    double cs = 0, sn = 0;
+    for (int i = 0; i < kOffsets; ++i) {
+      const double ang = omega * static_cast<double>(t + (int64_t{1} << i));
+      cs += std::cos(ang);
+      sn += std::sin(ang);
+    }
+    C[static_cast<size_t>(f)] = static_cast<float>(cs / kOffsets);
+    S[static_cast<size_t>(f)] = static_cast<float>(sn / kOffsets);
+  }
+}
+
+void score_triattention_head(const kv::SequenceKv& kv, const ModelConfig& c, const QueryStats& qs, int32_t layer,
+                             int32_t kv_head, int32_t q_head, std::span<const float> C, std::span<const float> S,
+                             std::span<float> out) {
+  const int32_t F = qs.n_bands;
+  const int32_t stream = kv.stream_index(layer, kv_head);
+  // Score(k) = Σ_f kr·(q̄r C − q̄i S) + ki·(q̄i C + q̄r S) + (E|q_f| − |q̄_f|)·|k_f|
+  // (the mean over offsets of Re(q̄_f conj(k̃_f) e^{iω_f(t+δ)}) is linear in k̃, so it folds into u).
+  std::vector<float> u_re(static_cast<size_t>(F)), u_im(static_cast<size_t>(F)), wn(static_cast<size_t>(F));
+  for (int32_t f = 0; f < F; ++f) {
+    const size_t i = qs.index(layer, q_head, f);
+    const float qr = qs.mean_re[i], qi = qs.mean_im[i];
+    u_re[static_cast<size_t>(f)] = qr * C[static_cast<size_t>(f)] - qi * S[static_cast<size_t>(f)];
+    u_im[static_cast<size_t>(f)] = qi * C[static_cast<size_t>(f)] + qr * S[static_cast<size_t>(f)];
+    wn[static_cast<size_t>(f)] = qs.abs_mean[i] - std::sqrt(qr * qr + qi * qi);
+  }
+  std::vector<float> k(static_cast<size_t>(c.head_dim));
+  for (int32_t j = 0; j < kv.n_slots(stream); ++j) {
+    load_key(kv, stream, j, k.data());
+    double s = 0;
+    for (int32_t f = 0; f < F; ++f) {
+      const float kr = k[static_cast<size_t>(band_re(f, F, c.rope_neox))];
+      const float ki = k[static_cast<size_t>(band_im(f, F, c.rope_neox))];
+      s += kr * u_re[static_cast<size_t>(f)] + ki * u_im[static_cast<size_t>(f)] +
+           wn[static_cast<size_t>(f)] * std::sqrt(kr * kr + ki * ki);
+    }
+    out[static_cast<size_t>(j)] = static_cast<float>(s);
+  }
+}
+
+void window_logits(const kv::SequenceKv& kv, const ModelConfig& c, int32_t layer, int32_t kv_head,
+                   std::span<const float> queries, int32_t w, std::vector<float>& logits) {
+  const int32_t stream = kv.stream_index(layer, kv_head);
+  const int32_t n = kv.n_slots(stream), hd = c.head_dim, G = c.group();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  logits.assign(static_cast<size_t>(w) * n, -INFINITY);
+  std::vector<float> k(static_cast<size_t>(hd));
+  for (int32_t j = 0; j < n; ++j) {
+    load_key(kv, stream, j, k.data());
+    for (int32_t i = 0; i < w; ++i)
+      for (int32_t g = 0; g < G; ++g) {
+        const float* q = queries.data() + static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(kv_head * G + g) * hd;
+        float d = 0;
+        for (int32_t e = 0; e < hd; ++e) d += q[e] * k[static_cast<size_t>(e)];
+        float& dst = logits[static_cast<size_t>(i) * n + j];
+        dst = std::max(dst, d * scale);
+      }
+  }
+}
+
+void snapkv_from_logits(std::span<const float> logits, int32_t w, int32_t n, int32_t w_keys, std::span<float> out) {
+  const int32_t m = std::max(0, n - w_keys);
+  std::vector<double> mean(static_cast<size_t>(m), 0.0);
+  for (int32_t i = 0; i < w; ++i) {
+    const float* row = logits.data() + static_cast<size_t>(i) * n;
+    float mx = -INFINITY;
+    for (int32_t j = 0; j < m; ++j) mx = std::max(mx, row[j]);
+    double sum = 0;
+    for (int32_t j = 0; j < m; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+    for (int32_t j = 0; j < m; ++j) mean[static_cast<size_t>(j)] += std::exp(static_cast<double>(row[j] - mx)) / sum / w;
+  }
+  constexpr int32_t kKernel = 7;
+  for (int32_t j = 0; j < n; ++j) {
+    if (j >= m) {
+      out[static_cast<size_t>(j)] = 0.0f;
+      continue;
+    }
+    double best = 0;
+    for (int32_t d = -kKernel / 2; d <= kKernel / 2; ++d) {
+      const int32_t x = j + d;
+      if (x >= 0 && x < m) best = std::max(best, mean[static_cast<size_t>(x)]);
+    }
+    out[static_cast<size_t>(j)] = static_cast<float>(best);
+  }
+}
+
+void rkv_redundancy(const kv::SequenceKv& kv, int32_t stream, int32_t n, int32_t w_keys, std::span<float> out) {
+  const int32_t m = std::max(0, n - w_keys);
+  const int32_t hd = kv.pool().config().head_dim;
+  std::vector<float> keys(static_cast<size_t>(m) * hd);
+  for (int32_t j = 0; j < m; ++j) {
+    float* k = keys.data() + static_cast<size_t>(j) * hd;
+    load_key(kv, stream, j, k);
+    double ss = 0;
+    for (int32_t e = 0; e < hd; ++e) ss += static_cast<double>(k[e]) * k[e];
+    const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
+    for (int32_t e = 0; e < hd; ++e) k[e] *= inv;
+  }
+  // Column means of the similarity matrix, with each row's newest near-duplicate exempted.
+  std::vector<double> col(static_cast<size_t>(m), 0.0);
+  std::vector<float> row(static_cast<size_t>(m));
+  for (int32_t i = 0; i < m; ++i) {
+    const float* ki = keys.data() + static_cast<size_t>(i) * hd;
+    int32_t newest = -1;
+    for (int32_t j = 0; j < m; ++j) {
+      float d = 0;
+      if (j != i) {
+        const float* kj = keys.data() + static_cast<size_t>(j) * hd;
+        for (int32_t e = 0; e < hd; ++e) d += ki[e] * kj[e];
+        if (d > 0.5f) newest = j;
+      }
+      row[static_cast<size_t>(j)] = d;
+    }
+    if (newest >= 0) row[static_cast<size_t>(newest)] = 0.0f;
+    for (int32_t j = 0; j < m; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
+  }
+  double mx = -1e300;
+  for (int32_t j = 0; j < m; ++j) mx = std::max(mx, col[static_cast<size_t>(j)] / m);
+  double sum = 0;
+  for (int32_t j = 0; j < m; ++j) sum += std::exp(col[static_cast<size_t>(j)] / m - mx);
+  for (int32_t j = 0; j < n; ++j)
+    out[static_cast<size_t>(j)] = j < m ? static_cast<float>(std::exp(col[static_cast<size_t>(j)] / m - mx) / sum) : 0.0f;
+}
+
+}  // namespace kvpack::compress

@@ -1,0 +1,324 @@
+// Random-weight llama/qwen2/qwen3 GGUFs (see model_writer.h). Key names, tensor names, shapes and
+// per-tensor types follow llama.cpp's converter output, so the files load in llama.cpp unchanged.
+#include "gguf/model_writer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "util/half.h"
+
+namespace kvpack::gguf {
+
+namespace {
+
+[[noreturn]] void bad_spec(const std::string& msg) { throw Error("random model spec: " + msg); }
+
+// ---- deterministic randomness ------------------------------------------------------------------
+
+uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+struct SplitMix64 {
+  uint64_t s;
+  uint64_t next() { return mix64(s += 0x9e3779b97f4a7c15ull); }
+  // Uniform in [-1, 1): 24 random bits, exactly representable in float.
+  float uniform_pm1() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// ---- row encoders --------------------------------------------------------------------------------
+
+// Q8_0 as ggml's reference quantiser does it: d = amax / 127 stored as f16, q = roundf(x / d)
+// computed with the f32 d (round half away from zero).
+void quantize_q8_0(const float* x, uint64_t n, uint8_t* out) {
+  for (uint64_t b = 0; b < n / 32; ++b, x += 32, out += 34) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = f32_to_fp16(d);
+    std::memcpy(out, &dh, 2);
+    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[j] * id)));
+  }
+}
+
+void encode_row(const float* x, uint64_t n, DType type, uint8_t* out) {
+  switch (type) {
+    case DType::F32: std::memcpy(out, x, n * 4); break;
+    case DType::F16:
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_fp16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      break;
+    case DType::BF16:
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      break;
+    case DType::Q8_0: quantize_q8_0(x, n, out); break;
+    default: bad_spec("unsupported weight type " + std::string(dtype_name(type)));
+  }
+}
+
+// How a tensor's values are made: uniform random with a given scale, or all ones (norm weights).
+struct Init {
+  bool ones = false;
+  float scale = 0;
+};
+
+Writer::RowSource make_source(uint64_t seed, const std::string& name, uint64_t cols, DType type, Init init) {
+  const uint64_t key = mix64(seed ^ mix64(fnv1a(name)));
+  return [=](uint64_t r0, uint64_t n, uint8_t* out) {
+    std::vector<float> row(cols, 1.0f);
+    const uint64_t rb = row_bytes(type, cols);
+    for (uint64_t r = 0; r < n; ++r) {
+      if (!init.ones) {
+        SplitMix64 rng{mix64(key + (r0 + r) * 0xd1b54a32d192ed03ull)};  // own stream per row
+        for (auto& v : row) v = rng.uniform_pm1() * init.scale;
+      }
+      encode_row(row.data(), cols, type, out + r * rb);
+    }
+  };
+}
+
+// ---- vocabulary ----------------------------------------------------------------------------------
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xc0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    s += static_cast<char>(0xe0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
+// GPT-2's byte-to-unicode table in its vocabulary order: printable bytes map to themselves
+// ('!'..'~', '¡'..'¬', '®'..'ÿ'), the other 68 bytes to U+0100.. in byte order. GPT-2 style BPE
+// vocabularies (gpt2, llama-bpe, qwen2) start with exactly these 256 tokens.
+std::vector<std::string> byte_tokens() {
+  std::vector<std::string> out;
+  std::vector<bool> printable(256, false);
+  for (uint32_t b = 0; b < 256; ++b)
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) {
+      printable[b] = true;
+      out.push_back(utf8(b));
+    }
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < 256; ++b)
+    if (!printable[b]) out.push_back(utf8(256 + n++));
+  return out;
+}
+
+// A handful of real GPT-2 merges ("Ġ" is the space byte), so BPE merging is exercised.
+constexpr const char* kMerges[][2] = {
+    {"\xc4\xa0", "t"}, {"\xc4\xa0", "a"}, {"h", "e"}, {"i", "n"},
+    {"r", "e"},        {"o", "n"},        {"\xc4\xa0t", "he"}, {"e", "r"},
+};
+constexpr size_t kNumMerges = sizeof(kMerges) / sizeof(kMerges[0]);
+
+enum TokenType : int32_t { kNormal = 1, kControl = 3 };
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  uint32_t bos = 0, eos = 0;
+};
+
+std::vector<std::string> special_tokens(const std::string& arch) {
+  if (arch == "llama") return {"<|begin_of_text|>", "<|end_of_text|>"};
+  return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+}
+
+Vocab make_vocab(const RandomModelSpec& s) {
+  Vocab v;
+  v.tokens = byte_tokens();
+  v.types.assign(v.tokens.size(), kNormal);
+  for (const auto& m : kMerges) {
+    v.merges.push_back(std::string(m[0]) + " " + m[1]);
+    v.tokens.push_back(std::string(m[0]) + m[1]);
+    v.types.push_back(kNormal);
+  }
+  const auto specials = special_tokens(s.arch);
+  const uint32_t first_special = static_cast<uint32_t>(v.tokens.size());
+  for (const auto& t : specials) {
+    v.tokens.push_back(t);
+    v.types.push_back(kControl);
+  }
+  v.bos = first_special;
+  v.eos = s.arch == "llama" ? first_special + 1 : first_special;  // qwen: <|endoftext|> for both
+  // Filler tokens: unique, made only of printable ASCII so any GPT-2 byte decoder can render them.
+  for (uint32_t i = static_cast<uint32_t>(v.tokens.size()); i < s.n_vocab; ++i) {
+    v.tokens.push_back("<filler_" + std::to_string(i) + ">");
+    v.types.push_back(kNormal);
+  }
+  return v;
+}
+
+size_t min_vocab(const std::string& arch) { return 256 + kNumMerges + special_tokens(arch).size(); }
+
+uint32_t llama_file_type(DType t) {  // LLAMA_FTYPE_*
+  switch (t) {
+    case DType::F32: return 0;   // ALL_F32
+    case DType::F16: return 1;   // MOSTLY_F16
+    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
+    case DType::BF16: return 32; // MOSTLY_BF16
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+RandomModelSpec RandomModelSpec::preset(std::string_view name) {
+  RandomModelSpec s;
+  if (name == "qwen3-0.6b") {
+    s.arch = "qwen3";
+    s.n_vocab = 151936;
+    s.n_embd = 1024;
+    s.n_layer = 28;
+    s.n_head = 16;
+    s.n_head_kv = 8;
+    s.head_dim = 128;
+    s.n_ff = 3072;
+    s.n_ctx = 40960;
+    s.rope_theta = 1e6f;
+    s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+    s.weight_type = DType::F16;
+  } else if (name == "tiny-qwen3") {
+    s.arch = "qwen3";
+    s.head_dim = 32;  // n_head * head_dim = 128 != n_embd, as in real Qwen3 models
+    s.rope_theta = 1e6f;
+    s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+  } else if (name == "tiny-qwen2") {
+    s.arch = "qwen2";
+    s.rope_theta = 1e6f;
+    s.rms_eps = 1e-6f;
+    s.tied_embeddings = true;
+  } else if (name == "tiny-llama") {
+    s.arch = "llama";  // defaults: vocab 512, embd 64, 2 layers, 4/2 heads, head_dim 16, ffn 128
+  } else {
+    bad_spec("unknown preset '" + std::string(name) + "' (known: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3)");
+  }
+  return s;
+}
+
+void RandomModelSpec::validate() const {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
+    bad_spec("unknown arch '" + arch + "' (llama, qwen2, qwen3)");
+  if (!n_vocab || !n_embd || !n_layer || !n_head || !n_head_kv || !head_dim || !n_ff || !n_ctx)
+    bad_spec("all sizes must be positive");
+  if (n_head % n_head_kv != 0) bad_spec("n_head must be a multiple of n_head_kv");
+  if (arch != "qwen3" && (n_embd % n_head != 0 || head_dim != n_embd / n_head))
+    bad_spec(arch + " needs head_dim == n_embd / n_head");
+  if (head_dim % 2 != 0) bad_spec("head_dim must be even (RoPE rotates pairs)");
+  if (n_vocab < min_vocab(arch)) bad_spec("n_vocab must be at least " + std::to_string(min_vocab(arch)));
+  if (!(rope_theta > 0) || !(rms_eps > 0)) bad_spec("rope_theta and rms_eps must be positive");
+  if (weight_type != DType::F32 && weight_type != DType::F16 && weight_type != DType::BF16 &&
+      weight_type != DType::Q8_0)
+    bad_spec("weight type must be F32, F16, BF16 or Q8_0");
+  // Every 2-D weight's row (input) length must be a whole number of blocks.
+  const uint32_t blk = traits(weight_type).block_elems;
+  if (n_embd % blk || (n_head * head_dim) % blk || n_ff % blk)
+    bad_spec("n_embd, n_head * head_dim and n_ff must be multiples of " + std::to_string(blk) + " for " +
+             std::string(dtype_name(weight_type)));
+}
+
+void build_random_model(const RandomModelSpec& s, Writer& w) {
+  s.validate();
+  const std::string& a = s.arch;
+  w.set_string("general.architecture", a);
+  w.set_string("general.name", "kvpack random weights (" + a + ", seed " + std::to_string(s.seed) +
+                                   ") - not a trained model");
+  w.set_u32("general.file_type", llama_file_type(s.weight_type));
+  if (s.weight_type == DType::Q8_0) w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
+  w.set_u32(a + ".context_length", s.n_ctx);
+  w.set_u32(a + ".embedding_length", s.n_embd);
+  w.set_u32(a + ".block_count", s.n_layer);
+  w.set_u32(a + ".feed_forward_length", s.n_ff);
+  w.set_u32(a + ".attention.head_count", s.n_head);
+  w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
+  w.set_u32(a + ".attention.key_length", s.head_dim);
+  w.set_u32(a + ".attention.value_length", s.head_dim);
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
+  w.set_f32(a + ".rope.freq_base", s.rope_theta);
+  if (a == "llama") {
+    w.set_u32(a + ".rope.dimension_count", s.head_dim);
+    w.set_u32(a + ".vocab_size", s.n_vocab);
+  }
+
+  Vocab v = make_vocab(s);
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", a == "llama" ? "llama-bpe" : "qwen2");
+  w.set_string_array("tokenizer.ggml.tokens", std::move(v.tokens));
+  w.set_i32_array("tokenizer.ggml.token_type", std::move(v.types));
+  w.set_string_array("tokenizer.ggml.merges", std::move(v.merges));
+  w.set_u32("tokenizer.ggml.bos_token_id", v.bos);
+  w.set_u32("tokenizer.ggml.eos_token_id", v.eos);
+  if (a != "llama") w.set_u32("tokenizer.ggml.padding_token_id", v.eos);
+  w.set_bool("tokenizer.ggml.add_bos_token", a == "llama");
+
+  const uint64_t E = s.n_embd, V = s.n_vocab, F = s.n_ff, hd = s.head_dim;
+  const uint64_t q_dim = uint64_t{s.n_head} * hd, kv_dim = uint64_t{s.n_head_kv} * hd;
+  // 2-D weight [in, out]: uniform with std 1/sqrt(in) keeps activations O(1) through each layer.
+  auto weight = [&](const std::string& name, uint64_t in, uint64_t out) {
+    const float scale = std::sqrt(3.0f / static_cast<float>(in));
+    w.add_tensor_stream(name, {in, out}, s.weight_type, make_source(s.seed, name, in, s.weight_type, {false, scale}));
+  };
+  auto norm = [&](const std::string& name, uint64_t n) {
+    w.add_tensor_stream(name, {n}, DType::F32, make_source(s.seed, name, n, DType::F32, {true, 0}));
+  };
+  auto bias = [&](const std::string& name, uint64_t n) {
+    w.add_tensor_stream(name, {n}, DType::F32, make_source(s.seed, name, n, DType::F32, {false, 0.02f}));
+  };
+
+  weight("token_embd.weight", E, V);
+  for (uint32_t l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight", E);
+    weight(p + "attn_q.weight", E, q_dim);
+    if (a == "qwen2") bias(p + "attn_q.bias", q_dim);
+    weight(p + "attn_k.weight", E, kv_dim);
+    if (a == "qwen2") bias(p + "attn_k.bias", kv_dim);
+    weight(p + "attn_v.weight", E, kv_dim);
+    if (a == "qwen2") bias(p + "attn_v.bias", kv_dim);
+    weight(p + "attn_output.weight", q_dim, E);
+    if (a == "qwen3") {
+      norm(p + "attn_q_norm.weight", hd);
+      norm(p + "attn_k_norm.weight", hd);
+    }
+    norm(p + "ffn_norm.weight", E);
+    weight(p + "ffn_gate.weight", E, F);
+    weight(p + "ffn_up.weight", E, F);
+    weight(p + "ffn_down.weight", F, E);
+  }
+  norm("output_norm.weight", E);
+  if (!s.tied_embeddings) weight("output.weight", E, V);
+}
+
+void write_random_model(const RandomModelSpec& spec, const std::string& path) {
+  Writer w;
+  build_random_model(spec, w);
+  w.write(path);
+}
+
+}  // namespace kvpack::gguf

@@ -1,0 +1,51 @@
+// Random-weight model files: GGUFs laid out exactly like llama.cpp's converted llama / qwen2 / qwen3
+// models (same keys, tensor names, shapes and types), filled with deterministic pseudo-random
+// weights. They exercise the loader, kernels and engine at real sizes (e.g. the Qwen3-0.6B shape)
+// without shipping real weights, and llama.cpp itself can load them for speed comparisons.
+//
+// Determinism: the bytes depend only on the spec (seed included) — not on the library version,
+// thread count or chunking — because every tensor row has its own splitmix64 stream keyed by
+// (seed, tensor name, row).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "gguf/gguf.h"
+#include "util/dtype.h"
+
+namespace kvpack::gguf {
+
+struct RandomModelSpec {
+  std::string arch = "llama";  // "llama", "qwen2" (q/k/v biases) or "qwen3" (q/k norms)
+  uint32_t n_vocab = 512;      // >= 266: 256 byte tokens, a few merges and the special tokens
+  uint32_t n_embd = 64;
+  uint32_t n_layer = 2;
+  uint32_t n_head = 4;
+  uint32_t n_head_kv = 2;      // must divide n_head
+  uint32_t head_dim = 16;      // llama/qwen2: must equal n_embd / n_head; qwen3: free
+  uint32_t n_ff = 128;
+  uint32_t n_ctx = 256;
+  float rope_theta = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = false;  // true: no output.weight, the output reuses token_embd.weight
+  DType weight_type = DType::F32;  // 2-D weights: F32, F16, BF16 or Q8_0; norms and biases stay F32
+  uint64_t seed = 0;
+
+  // "qwen3-0.6b" (Qwen3-0.6B shape, F16), and tiny test models "tiny-llama", "tiny-qwen2",
+  // "tiny-qwen3". Throws Error for unknown names.
+  static RandomModelSpec preset(std::string_view name);
+
+  // Throws Error describing the first inconsistency (unknown arch, head_dim mismatch, dims that are
+  // not block multiples for Q8_0, vocab too small, ...).
+  void validate() const;
+};
+
+// Adds the model's metadata, vocabulary and (streamed) tensors to `w`. The tensors are generated
+// when `w` is serialised, one chunk at a time.
+void build_random_model(const RandomModelSpec& spec, Writer& w);
+
+// build_random_model + Writer::write: peak memory is the vocabulary plus one chunk of one tensor.
+void write_random_model(const RandomModelSpec& spec, const std::string& path);
+
+}  // namespace kvpack::gguf

@@ -1,0 +1,104 @@
+// `kvpack gen-model`: write a random-weight GGUF of a given architecture and shape, and the embedded
+// default model (a small deterministic random model, until a trained testbed model lands).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.h"
+#include "gguf/model_writer.h"
+
+namespace kvpack::cli {
+namespace {
+
+gguf::RandomModelSpec default_spec() {
+  gguf::RandomModelSpec s;
+  s.arch = "llama";
+  s.n_vocab = 512;
+  s.n_embd = 256;
+  s.n_layer = 4;
+  s.n_head = 8;
+  s.n_head_kv = 2;
+  s.head_dim = 32;
+  s.n_ff = 768;
+  s.n_ctx = 2048;
+  s.weight_type = DType::F16;
+  s.seed = 20261129;
+  return s;
+}
+
+DType parse_type(const std::string& t) {
+  if (t == "f32") return DType::F32;
+  if (t == "f16") return DType::F16;
+  if (t == "bf16") return DType::BF16;
+  if (t == "q8_0") return DType::Q8_0;
+  throw std::invalid_argument("unknown weight type '" + t + "' (f32, f16, bf16, q8_0)");
+}
+
+}  // namespace
+
+std::string default_model_path() {
+  // Next to the executable (the build directory), written once; deterministic, so a stale copy is fine.
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec || access(dir.c_str(), W_OK) != 0) dir = std::filesystem::temp_directory_path();
+  const std::filesystem::path path = dir / "kvpack-default-random-model.gguf";
+  if (!std::filesystem::exists(path)) {
+    gguf::RandomModelSpec s = default_spec();
+    gguf::write_random_model(s, path.string());
+  }
+  std::fprintf(stderr, "[kvpack] no -m given: using the embedded default model (RANDOM weights, seed %llu; not trained)\n",
+               static_cast<unsigned long long>(default_spec().seed));
+  return path.string();
+}
+
+void add_gen_model(CLI::App& app) {
+  auto* cmd = app.add_subcommand("gen-model", "Write a random-weight GGUF model of a given architecture and shape");
+  auto s = std::make_shared<gguf::RandomModelSpec>();
+  auto preset = std::make_shared<std::string>();
+  auto type = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  cmd->add_option("--preset", *preset, "Start from a preset: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3");
+  cmd->add_option("--arch", s->arch, "Architecture: llama, qwen2, qwen3")->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+  cmd->add_option("--vocab", s->n_vocab, "Vocabulary size");
+  cmd->add_option("--embd", s->n_embd, "Embedding width");
+  cmd->add_option("--layers", s->n_layer, "Layers");
+  cmd->add_option("--heads", s->n_head, "Attention heads");
+  cmd->add_option("--kv-heads", s->n_head_kv, "KV heads");
+  cmd->add_option("--head-dim", s->head_dim, "Head dimension");
+  cmd->add_option("--ff", s->n_ff, "Feed-forward width");
+  cmd->add_option("--ctx", s->n_ctx, "Context length");
+  cmd->add_option("--rope-theta", s->rope_theta, "RoPE base");
+  cmd->add_flag("--tied", s->tied_embeddings, "Tie output and token embeddings");
+  cmd->add_option("--type", *type, "Weight type: f32, f16, bf16, q8_0");
+  cmd->add_option("--seed", s->seed, "Seed");
+  cmd->add_option("-o,--output", *out, "Output GGUF path")->required();
+  cmd->callback([=] {
+    gguf::RandomModelSpec spec = *s;
+    if (!preset->empty()) {
+      // Preset first, then explicitly given flags on top of it.
+      spec = gguf::RandomModelSpec::preset(*preset);
+      if (cmd->count("--arch")) spec.arch = s->arch;
+      if (cmd->count("--vocab")) spec.n_vocab = s->n_vocab;
+      if (cmd->count("--embd")) spec.n_embd = s->n_embd;
+      if (cmd->count("--layers")) spec.n_layer = s->n_layer;
+      if (cmd->count("--heads")) spec.n_head = s->n_head;
+      if (cmd->count("--kv-heads")) spec.n_head_kv = s->n_head_kv;
+      if (cmd->count("--head-dim")) spec.head_dim = s->head_dim;
+      if (cmd->count("--ff")) spec.n_ff = s->n_ff;
+      if (cmd->count("--ctx")) spec.n_ctx = s->n_ctx;
+      if (cmd->count("--rope-theta")) spec.rope_theta = s->rope_theta;
+      if (cmd->count("--tied")) spec.tied_embeddings = true;
+      if (cmd->count("--seed")) spec.seed = s->seed;
+    }
+    if (!type->empty()) spec.weight_type = parse_type(*type);
+    spec.validate();
+    gguf::write_random_model(spec, *out);
+    std::fprintf(stderr, "[kvpack] wrote %s: random-weight %s, %u layers, embd %u, heads %u/%u, head_dim %u, ff %u, vocab %u, ctx %u, %s\n",
+                 out->c_str(), spec.arch.c_str(), spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff,
+                 spec.n_vocab, spec.n_ctx, std::string(dtype_name(spec.weight_type)).c_str());
+  });
+}
+
+}  // namespace kvpack::cli
