@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs kvpack's build and test dependencies from Debian's archive (the machine may start bare).
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config git ca-certificates
+      libgtest-dev libgmock-dev libbenchmark-dev
+      libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libxxhash-dev
+      python3 python3-numpy python3-matplotlib)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
