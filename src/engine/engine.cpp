@@ -89,9 +89,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
     }
     res.tokens.push_back(next);
     history.push_back(next);
-    // llama2.c/SPM rule: the first piece after BOS drops its leading space.
-    std::string piece = tok.piece(next);
-    if (prev == tok.bos() && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    const std::string piece = tok.piece_after(prev, next);  // SPM: no leading space right after BOS
     prev = next;
     const std::string text = stream.push(piece);
     res.text += text;

@@ -1,0 +1,33 @@
+// BPE pre-tokenizers (internal). Hand-written matchers equivalent to the regexes llama.cpp uses for
+// each `tokenizer.ggml.pre` type; Unicode categories come from ICU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvpack::tokenizer_detail {
+
+enum class PreKind {
+  GPT2,     // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  LLAMA3,   // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  QWEN2,    // same as LLAMA3 but \p{N} (single digits)
+  DEFAULT,  // llama.cpp's fallback chain: [\p{P}\$\+<=>\^~\|]+ , GPT2, \p{N}+ , [0-9][0-9][0-9]
+};
+
+struct PreInfo {
+  PreKind kind;
+  bool ignore_merges;    // a whole pre-token that is itself a vocab token is emitted without merging
+  bool add_bos_default;  // llama.cpp's default for tokenizer.ggml.add_bos_token
+};
+
+// Maps a tokenizer.ggml.pre name to its pre-tokenizer; false if unsupported. "" maps to DEFAULT.
+bool lookup_pre(std::string_view name, PreInfo* out);
+
+// Splits `text` into pre-tokens; returns [begin, end) byte ranges covering the whole text in order.
+// Invalid UTF-8 bytes are kept (each one is treated as a single "other" character).
+std::vector<std::pair<size_t, size_t>> pretokenize_ranges(PreKind kind, std::string_view text);
+
+}  // namespace kvpack::tokenizer_detail
