@@ -237,6 +237,17 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   prot.sinks = cfg_.sinks;
   prot.window = cfg_.effective_window();
   prot.prompt_end = cfg_.protect_prompt ? prompt_len_ : 0;
+  // Slots in leading pages that are shared (prefix cache) are protected like sinks: a shared page is
+  // read-only, and evicting from it would free nothing anyway.
+  const int32_t ps = kv.pool().config().page_size;
+  auto prot_for = [&](int32_t s) {
+    Protection p = prot;
+    int32_t shared = 0;
+    auto table = kv.page_table(s);
+    while (static_cast<size_t>(shared) < table.size() && kv.pool().refcount(table[static_cast<size_t>(shared)]) > 1) ++shared;
+    p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), shared * ps));
+    return p;
+  };
   std::vector<int32_t> positions;
   auto stream_positions = [&](int32_t s) -> std::span<const int32_t> {
     if (prot.prompt_end == 0) return {};
@@ -257,13 +268,13 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
         // Heads of a layer diverged (earlier Ada events): pool them by giving each its proportional share.
         for (int32_t h = 0; h < mc_.n_head_kv; ++h) {
           const int32_t s = kv.stream_index(l, h);
-          select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), cfg_.budget, prot, stream_positions(s), keeps_[static_cast<size_t>(s)]);
+          select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), cfg_.budget, prot_for(s), stream_positions(s), keeps_[static_cast<size_t>(s)]);
         }
         continue;
       }
       std::vector<std::span<const float>> sc;
       for (int32_t h = 0; h < mc_.n_head_kv; ++h) sc.emplace_back(scores_[static_cast<size_t>(kv.stream_index(l, h))]);
-      select_ada(sc, n, cfg_.budget, prot, stream_positions(kv.stream_index(l, 0)), kAdaAlpha, layer_keeps);
+      select_ada(sc, n, cfg_.budget, prot_for(kv.stream_index(l, 0)), stream_positions(kv.stream_index(l, 0)), kAdaAlpha, layer_keeps);
       for (int32_t h = 0; h < mc_.n_head_kv; ++h) keeps_[static_cast<size_t>(kv.stream_index(l, h))] = layer_keeps[static_cast<size_t>(h)];
     }
   } else {
@@ -272,7 +283,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       budgets = pyramid_budgets(cfg_.budget, mc_.n_layer, cfg_.budget + cfg_.interval, prot.window);
     for (int32_t s = 0; s < n_streams_; ++s) {
       const int32_t l = s / mc_.n_head_kv;
-      select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), budgets[static_cast<size_t>(l)], prot, stream_positions(s),
+      select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), budgets[static_cast<size_t>(l)], prot_for(s), stream_positions(s),
                   keeps_[static_cast<size_t>(s)]);
     }
   }

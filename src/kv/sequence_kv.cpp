@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 namespace kvpack::kv {
 
@@ -163,6 +164,20 @@ int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep
   }
   shrink_to(s, static_cast<int32_t>(keep.size()));
   return pages_before - static_cast<int64_t>(s.pages.size());
+}
+
+void SequenceKv::attach_shared_block(std::span<const PageId> pages_per_stream, int32_t pos0) {
+  const int32_t ps = pool_->config().page_size;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    Stream& s = streams_[i];
+    if (s.n_slots % ps != 0 || static_cast<size_t>(s.n_slots / ps) != s.pages.size())
+      throw std::logic_error("attach_shared_block: stream not at a page boundary");
+    pool_->retain(pages_per_stream[i]);
+    s.pages.push_back(pages_per_stream[i]);
+    s.page_ptrs.push_back(pool_->data(pages_per_stream[i]));
+    s.n_slots += ps;
+  }
+  next_pos_ = std::max(next_pos_, pos0 + ps);
 }
 
 void SequenceKv::truncate_tail(int32_t n) {

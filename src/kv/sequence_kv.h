@@ -55,6 +55,13 @@ class SequenceKv {
   // Pages shared with others (refcount > 1) are never written: the first shared page that would be
   // modified is copied first (copy-on-write). Returns the number of pages freed.
   int64_t compact_stream(int32_t stream, std::span<const int32_t> keep);
+  // Prefix sharing: appends one full page of `page_size` tokens to every stream by referencing
+  // existing pages (pages_per_stream[stream], e.g. from the prefix cache) instead of computing them.
+  // Every stream must be at a page boundary. Retains each page (it is read-only while shared).
+  void attach_shared_block(std::span<const PageId> pages_per_stream, int32_t pos0);
+  // The page of `stream` holding slots [block * page_size, (block + 1) * page_size).
+  PageId block_page(int32_t stream, int32_t block) const { return streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(block)]; }
+
   // Drops the last `n` slots of every stream and n positions (rollback of an append); frees emptied pages.
   void truncate_tail(int32_t n);
   // Releases everything (sequence finished or preempted).
