@@ -8,6 +8,7 @@ void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_gen_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
+void add_bench(CLI::App& app);  // `kvpack bench` and its sub-commands
 
 // Path of the embedded default model (a deterministic random-weight model written on first use).
 std::string default_model_path();

@@ -53,7 +53,7 @@ void SequenceCompressor::prepare(kv::SequenceKv& kv, BatchItem& item) {
     // Grow geometrically so this reallocates O(log n) times per sequence, not per token.
     const int32_t cap = std::max(need, std::max(64, mass_cap_ * 2));
     std::vector<float> grown(static_cast<size_t>(n_streams_) * cap, 0.0f);
-    for (int32_t s = 0; s < n_streams_; ++s)
+    for (int32_t s = 0; s < n_streams_ && mass_cap_ > 0; ++s)
       std::memcpy(grown.data() + static_cast<size_t>(s) * cap, mass_.data() + static_cast<size_t>(s) * mass_cap_,
                   sizeof(float) * static_cast<size_t>(mass_cap_));
     mass_.swap(grown);
@@ -90,7 +90,8 @@ std::span<const float> SequenceCompressor::recent_queries(int32_t layer, int32_t
 bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
   if (!cfg_.enabled()) return false;
   const int64_t target = static_cast<int64_t>(n_streams_) * cfg_.budget;
-  const int64_t total = kv.total_slots();
+  int64_t total = 0;  // live slots (naive mode leaves holes that no longer count)
+  for (int32_t st = 0; st < n_streams_; ++st) total += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
   const bool trigger = total >= static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval) ||
                        (prefill_done && cfg_.compress_prefill && total > target);
   if (!trigger) return false;
@@ -251,24 +252,40 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   std::vector<int32_t> positions;
   auto stream_positions = [&](int32_t s) -> std::span<const int32_t> {
     if (prot.prompt_end == 0) return {};
-    positions.resize(static_cast<size_t>(kv.n_slots(s)));
-    for (int32_t j = 0; j < kv.n_slots(s); ++j) positions[static_cast<size_t>(j)] = kv.position(s, j);
+    const auto& live = live_[static_cast<size_t>(s)];
+    positions.resize(live.size());
+    for (size_t j = 0; j < live.size(); ++j) positions[j] = kv.position(s, live[j]);
     return positions;
   };
 
   int64_t max_n = 0;
   for (int32_t s = 0; s < n_streams_; ++s) max_n = std::max<int64_t>(max_n, kv.n_slots(s));
+  // Candidates are the live slots (all slots unless naive mode left holes). Selection works on the
+  // dense candidate list; keep sets are mapped back to slot indices afterwards.
+  live_.resize(static_cast<size_t>(n_streams_));
+  for (int32_t s = 0; s < n_streams_; ++s) {
+    auto& live = live_[static_cast<size_t>(s)];
+    live.clear();
+    auto& sc = scores_[static_cast<size_t>(s)];
+    for (int32_t j = 0; j < kv.n_slots(s); ++j)
+      if (!kv.is_hole(s, j)) {
+        sc[live.size()] = sc[static_cast<size_t>(j)];
+        live.push_back(j);
+      }
+    sc.resize(live.size());
+  }
+  auto n_live = [&](int32_t s) { return static_cast<int32_t>(live_[static_cast<size_t>(s)].size()); };
   if (cfg_.split == BudgetSplit::Ada) {
     std::vector<std::vector<int32_t>> layer_keeps;
     for (int32_t l = 0; l < mc_.n_layer; ++l) {
-      const int32_t n = kv.n_slots(kv.stream_index(l, 0));
+      const int32_t n = n_live(kv.stream_index(l, 0));
       bool same = true;
-      for (int32_t h = 1; h < mc_.n_head_kv; ++h) same &= kv.n_slots(kv.stream_index(l, h)) == n;
+      for (int32_t h = 1; h < mc_.n_head_kv; ++h) same &= n_live(kv.stream_index(l, h)) == n;
       if (!same) {
-        // Heads of a layer diverged (earlier Ada events): pool them by giving each its proportional share.
+        // Heads of a layer hold different counts after earlier Ada events: each keeps the plain budget.
         for (int32_t h = 0; h < mc_.n_head_kv; ++h) {
           const int32_t s = kv.stream_index(l, h);
-          select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), cfg_.budget, prot_for(s), stream_positions(s), keeps_[static_cast<size_t>(s)]);
+          select_keep(scores_[static_cast<size_t>(s)], n_live(s), cfg_.budget, prot_for(s), stream_positions(s), keeps_[static_cast<size_t>(s)]);
         }
         continue;
       }
@@ -283,10 +300,12 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       budgets = pyramid_budgets(cfg_.budget, mc_.n_layer, cfg_.budget + cfg_.interval, prot.window);
     for (int32_t s = 0; s < n_streams_; ++s) {
       const int32_t l = s / mc_.n_head_kv;
-      select_keep(scores_[static_cast<size_t>(s)], kv.n_slots(s), budgets[static_cast<size_t>(l)], prot_for(s), stream_positions(s),
+      select_keep(scores_[static_cast<size_t>(s)], n_live(s), budgets[static_cast<size_t>(l)], prot_for(s), stream_positions(s),
                   keeps_[static_cast<size_t>(s)]);
     }
   }
+  for (int32_t s = 0; s < n_streams_; ++s)  // candidate indices -> slot indices
+    for (int32_t& k : keeps_[static_cast<size_t>(s)]) k = live_[static_cast<size_t>(s)][static_cast<size_t>(k)];
 
   // Compaction: survivors slide forward, tail pages go back to the pool.
   CompressionStats ev;
@@ -296,14 +315,32 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   const uint64_t page_bytes = kv.pool().page_bytes();
   for (int32_t s = 0; s < n_streams_; ++s) {
     const auto& keep = keeps_[static_cast<size_t>(s)];
-    const int32_t n = kv.n_slots(s);
+    const int32_t n = n_live(s);
     if (static_cast<int32_t>(keep.size()) >= n) continue;
-    if (!mass_.empty()) {  // H2O statistics move with their slots
-      float* m = mass_.data() + static_cast<size_t>(s) * mass_cap_;
-      for (size_t i = 0; i < keep.size(); ++i) m[i] = m[keep[i]];
-      std::fill(m + keep.size(), m + mass_cap_, 0.0f);
+    int64_t freed;
+    if (cfg_.naive) {
+      removed_.clear();
+      freed = kv.punch_holes(s, keep, &removed_);
+      if (!mass_.empty() && !removed_.empty()) {  // drop the mass of the removed pages' slots
+        float* m = mass_.data() + static_cast<size_t>(s) * mass_cap_;
+        int32_t dst = 0, src = 0;
+        size_t r = 0;
+        for (int32_t pg = 0; src < mass_cap_ && pg * ps < mass_cap_; ++pg) {
+          const bool gone = r < removed_.size() && removed_[r] == pg;
+          if (gone) ++r;
+          for (int32_t j = 0; j < ps && src < mass_cap_; ++j, ++src)
+            if (!gone) m[dst++] = m[src];
+        }
+        std::fill(m + dst, m + mass_cap_, 0.0f);
+      }
+    } else {
+      if (!mass_.empty()) {  // H2O statistics move with their slots
+        float* m = mass_.data() + static_cast<size_t>(s) * mass_cap_;
+        for (size_t i = 0; i < keep.size(); ++i) m[i] = m[keep[i]];
+        std::fill(m + keep.size(), m + mass_cap_, 0.0f);
+      }
+      freed = kv.compact_stream(s, keep);
     }
-    const int64_t freed = kv.compact_stream(s, keep);
     if (freed < 0) throw std::runtime_error("KV pool exhausted while un-sharing a page for compaction");
     ev.evicted_slots += n - static_cast<int64_t>(keep.size());
     ev.evicted_bytes += static_cast<uint64_t>(n - static_cast<int64_t>(keep.size())) * slot_kv_bytes;

@@ -64,6 +64,8 @@ class SequenceCompressor : public ForwardObserver {
   CompressionStats stats_;
   std::vector<std::vector<float>> scores_;  // per stream
   std::vector<std::vector<int32_t>> keeps_;
+  std::vector<std::vector<int32_t>> live_;  // per stream: candidate (non-hole) slot indices
+  std::vector<int32_t> removed_;
   // Query window: [layer][qwin_][q_dim] ring, newest at (qhead_ - 1).
   int32_t qwin_ = 0, qcount_ = 0;
   std::vector<float> qring_;

@@ -27,6 +27,9 @@ struct KvStreamView {
   int32_t head_dim = 0;
   DType kv_type = DType::F32;
   size_t v_offset = 0;  // byte offset of the V block inside a page (= page_size * head_dim * elem size)
+  // Optional per-slot hole flags (n_slots bytes, non-zero = evicted but not compacted away): such slots
+  // get no attention weight. Only the "naive eviction" demonstration mode uses holes; nullptr = none.
+  const uint8_t* holes = nullptr;
 };
 
 struct AttentionArgs {
@@ -44,8 +47,20 @@ struct AttentionArgs {
   float* scratch = nullptr;
 };
 
+// Non-decreasing in every argument: a buffer sized for the largest n_new / page_size serves any smaller call.
 size_t attention_scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size);
 
 void paged_attention(const KvStreamView& kv, const AttentionArgs& args);
+
+// Instruction-set paths. paged_attention() uses the best one this CPU supports ("avx512", then "avx2",
+// then "scalar"), chosen once on first use; the environment variable KVPACK_ISA=scalar|avx2|avx512 forces
+// one (ignored, with a warning on stderr, if this CPU cannot run it).
+// Invalid arguments (unsupported kv_type, n_new > n_slots, null pointers, ...) throw std::invalid_argument.
+const char* attention_isa();
+// True if `isa` names a path ("scalar", "avx2", "avx512") that this CPU can run.
+bool attention_isa_available(const char* isa);
+// paged_attention() on an explicitly chosen path (tests, benchmarks); throws std::invalid_argument if the
+// path is unknown or not available on this CPU.
+void paged_attention_on(const char* isa, const KvStreamView& kv, const AttentionArgs& args);
 
 }  // namespace kvpack::kernels

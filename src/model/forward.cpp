@@ -182,45 +182,41 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
   const int32_t G = c.group();
   const int64_t QD = c.q_dim(), HD = c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
-  // Tasks: (sequence, kv head, token block).
-  struct Task {
-    int32_t item, head, t0, t1;
+  // Tasks: (sequence, kv head, token block). With key_mass (H2O) all blocks of a stream add into the
+  // same mass row, so that item's blocks run inside one task, one after another (no data race).
+  auto blocks_of = [&](size_t i) {
+    return batch[i].key_mass ? 1 : (spans_[i].n + kAttnTokenBlock - 1) / kAttnTokenBlock;
   };
-  // Small fixed-capacity task list on the stack would limit batch size; reuse a member-free local
-  // vector only when needed. Count first.
   int32_t n_tasks = 0;
-  for (const auto& sp : spans_) n_tasks += c.n_head_kv * ((sp.n + kAttnTokenBlock - 1) / kAttnTokenBlock);
-  auto task_at = [&](int32_t idx) {
-    for (size_t i = 0; i < spans_.size(); ++i) {
-      const int32_t blocks = (spans_[i].n + kAttnTokenBlock - 1) / kAttnTokenBlock;
-      const int32_t here = c.n_head_kv * blocks;
-      if (idx < here) {
-        const int32_t head = idx / blocks, blk = idx % blocks;
-        return Task{static_cast<int32_t>(i), head, blk * kAttnTokenBlock, std::min(spans_[i].n, (blk + 1) * kAttnTokenBlock)};
-      }
-      idx -= here;
-    }
-    return Task{0, 0, 0, 0};
-  };
+  for (size_t i = 0; i < spans_.size(); ++i) n_tasks += c.n_head_kv * blocks_of(i);
   pool_->run(n_tasks, [&](int task, int thread) {
-    const Task tk = task_at(task);
-    BatchItem& b = batch[static_cast<size_t>(tk.item)];
-    const int32_t s = b.kv->stream_index(layer, tk.head);
-    kernels::KvStreamView view = b.kv->view(s);
-    const int32_t n = spans_[static_cast<size_t>(tk.item)].n;
-    view.n_slots = view.n_slots - n + tk.t1;  // causal: this block's last token sees up to its own slot
-    const int64_t row0 = spans_[static_cast<size_t>(tk.item)].begin + tk.t0;
-    kernels::AttentionArgs a;
-    a.q = q_.data() + row0 * QD + static_cast<int64_t>(tk.head) * G * HD;
-    a.q_stride = QD;
-    a.out = att_.data() + row0 * QD + static_cast<int64_t>(tk.head) * G * HD;
-    a.out_stride = QD;
-    a.n_new = tk.t1 - tk.t0;
-    a.group = G;
-    a.scale = scale;
-    a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
-    a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
-    kernels::paged_attention(view, a);
+    size_t item = 0;
+    int32_t idx = task;
+    while (idx >= c.n_head_kv * blocks_of(item)) idx -= c.n_head_kv * blocks_of(item++);
+    const int32_t blocks = blocks_of(item);
+    const int32_t head = idx / blocks;
+    const int32_t n = spans_[item].n;
+    int32_t t0 = (idx % blocks) * kAttnTokenBlock;
+    const int32_t t_end = blocks == 1 ? n : std::min(n, t0 + kAttnTokenBlock);
+    BatchItem& b = batch[item];
+    const int32_t s = b.kv->stream_index(layer, head);
+    for (; t0 < t_end; t0 += kAttnTokenBlock) {
+      const int32_t t1 = std::min(t_end, t0 + kAttnTokenBlock);
+      kernels::KvStreamView view = b.kv->view(s);
+      view.n_slots = view.n_slots - n + t1;  // causal: this block's last token sees up to its own slot
+      const int64_t row0 = spans_[item].begin + t0;
+      kernels::AttentionArgs a;
+      a.q = q_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
+      a.q_stride = QD;
+      a.out = att_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
+      a.out_stride = QD;
+      a.n_new = t1 - t0;
+      a.group = G;
+      a.scale = scale;
+      a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
+      a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
+      kernels::paged_attention(view, a);
+    }
   });
 }
 

@@ -1,0 +1,191 @@
+// Paged attention throughput, single thread, every instruction-set path this CPU supports.
+//
+//   bench_attention [--benchmark_filter=REGEX] [--benchmark_min_time=0.2]
+//
+// Benchmarks (head_dim 128, page_size 16, GQA group 2 unless named; KVPACK_ISA is not consulted):
+//   decode/TYPE/slots:N/ISA         n_new = 1 over N slots                          -> "kv" rate (K+V bytes)
+//   decode_hot/TYPE/slots:N/ISA     same, one stream reused (cache-resident upper bound)
+//   decode/TYPE/slots:N/group:8/ISA
+//   prefill/TYPE/ctx:C/new:T/ISA    T new tokens after C cached slots                -> "flops" rate
+// Rates are SI (G = 1e9). The decode streams rotate over >= 256 MB of pages whose order is shuffled within
+// a shared pool, so every call reads K/V from DRAM through scattered page addresses as in real decode.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "util/half.h"
+
+namespace {
+
+using kvpack::DType;
+using namespace kvpack::kernels;
+
+constexpr size_t kRotateBytes = size_t{256} << 20;
+constexpr int32_t kHeadDim = 128, kPageSize = 16;
+
+// n_streams streams of n_slots slots; all their pages are shuffled together in one pool.
+struct Streams {
+  DType type = DType::F32;
+  int32_t n_slots = 0, n_streams = 0, n_pages = 0;
+  size_t page_bytes = 0;
+  std::unique_ptr<uint8_t[]> mem;
+  std::vector<const uint8_t*> pages;  // [n_streams][n_pages]
+
+  KvStreamView view(int64_t i) const {
+    KvStreamView kv;
+    kv.pages = pages.data() + static_cast<size_t>(i % n_streams) * n_pages;
+    kv.n_slots = n_slots;
+    kv.page_size = kPageSize;
+    kv.head_dim = kHeadDim;
+    kv.kv_type = type;
+    kv.v_offset = page_bytes / 2;
+    return kv;
+  }
+  size_t stream_bytes() const { return static_cast<size_t>(n_slots) * kHeadDim * 2 * (type == DType::F16 ? 2 : 4); }
+};
+
+const Streams& streams(DType type, int32_t n_slots, bool rotate) {
+  static Streams s;  // one set alive at a time
+  const int32_t want = rotate ? -1 : 1;
+  static int32_t built_for = 0;
+  if (s.mem && s.type == type && s.n_slots == n_slots && built_for == want) return s;
+  built_for = want;
+  s.mem.reset();
+  s.type = type;
+  s.n_slots = n_slots;
+  s.n_pages = (n_slots + kPageSize - 1) / kPageSize;
+  const size_t esz = type == DType::F16 ? 2 : 4;
+  s.page_bytes = 2 * static_cast<size_t>(kPageSize) * kHeadDim * esz;
+  const size_t sb = s.page_bytes * s.n_pages;
+  s.n_streams = rotate ? static_cast<int32_t>(std::max<size_t>(1, (kRotateBytes + sb - 1) / sb)) : 1;
+  const size_t total_pages = static_cast<size_t>(s.n_streams) * s.n_pages;
+  s.mem.reset(new uint8_t[total_pages * s.page_bytes + 64]);
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s.mem.get()) + 63) & ~uintptr_t{63});
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t elems = s.page_bytes / esz;
+  std::vector<uint8_t> page(s.page_bytes);
+  for (size_t p = 0; p < total_pages; ++p) {
+    for (size_t e = 0; e < elems; ++e) {
+      const float x = u(rng);
+      if (esz == 2) {
+        const uint16_t h = kvpack::f32_to_fp16(x);
+        std::memcpy(page.data() + 2 * e, &h, 2);
+      } else {
+        std::memcpy(page.data() + 4 * e, &x, 4);
+      }
+    }
+    std::memcpy(base + p * s.page_bytes, page.data(), s.page_bytes);
+  }
+  std::vector<size_t> perm(total_pages);
+  std::iota(perm.begin(), perm.end(), size_t{0});
+  std::shuffle(perm.begin(), perm.end(), rng);
+  s.pages.resize(total_pages);
+  for (size_t p = 0; p < total_pages; ++p) s.pages[p] = base + perm[p] * s.page_bytes;
+  return s;
+}
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+void bm_decode(benchmark::State& state, const char* isa, DType type, int32_t n_slots, int32_t group, bool rotate) {
+  const Streams& s = streams(type, n_slots, rotate);
+  const std::vector<float> q = random_vec(static_cast<size_t>(group) * kHeadDim, 7);
+  std::vector<float> out(q.size());
+  std::vector<float> scratch(attention_scratch_floats(1, group, kHeadDim, kPageSize));
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = group * kHeadDim;
+  a.out = out.data();
+  a.out_stride = group * kHeadDim;
+  a.n_new = 1;
+  a.group = group;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  a.scratch = scratch.data();
+  int64_t i = 0;
+  for (auto _ : state) {
+    paged_attention_on(isa, s.view(i++), a);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["kv"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(s.stream_bytes()), benchmark::Counter::kIsRate);
+}
+
+void bm_prefill(benchmark::State& state, const char* isa, DType type, int32_t ctx, int32_t n_new, int32_t group) {
+  const Streams& s = streams(type, ctx + n_new, false);
+  const int64_t row = static_cast<int64_t>(group) * kHeadDim;
+  const std::vector<float> q = random_vec(static_cast<size_t>(n_new) * row, 9);
+  std::vector<float> out(q.size());
+  std::vector<float> scratch(attention_scratch_floats(n_new, group, kHeadDim, kPageSize));
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = row;
+  a.out = out.data();
+  a.out_stride = row;
+  a.n_new = n_new;
+  a.group = group;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  a.scratch = scratch.data();
+  for (auto _ : state) {
+    paged_attention_on(isa, s.view(0), a);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  // QK and PV: 2 flops per multiply-add, head_dim each, over every visible (query row, slot) pair.
+  const double pairs = static_cast<double>(group) * (static_cast<double>(n_new) * ctx + 0.5 * n_new * (n_new + 1));
+  state.counters["flops"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * pairs * 4.0 * kHeadDim, benchmark::Counter::kIsRate);
+}
+
+void register_all() {
+  std::vector<const char*> isas;
+  for (const char* isa : {"avx512", "avx2", "scalar"})
+    if (attention_isa_available(isa)) isas.push_back(isa);
+  for (DType type : {DType::F16, DType::F32}) {
+    const std::string tn = type == DType::F16 ? "F16" : "F32";
+    for (int32_t slots : {2048, 8192, 16384}) {
+      for (const char* isa : isas) {
+        const std::string sl = "/slots:" + std::to_string(slots) + "/";
+        benchmark::RegisterBenchmark(("decode/" + tn + sl + isa).c_str(), bm_decode, isa, type, slots, 2, true)
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("decode_hot/" + tn + sl + isa).c_str(), bm_decode, isa, type, slots, 2, false)
+            ->Unit(benchmark::kMicrosecond);
+        if (slots == 8192)
+          benchmark::RegisterBenchmark(("decode/" + tn + sl + "group:8/" + isa).c_str(), bm_decode, isa, type, slots, 8,
+                                       true)
+              ->Unit(benchmark::kMicrosecond);
+      }
+    }
+    for (const char* isa : isas)
+      benchmark::RegisterBenchmark(("prefill/" + tn + "/ctx:2048/new:128/" + isa).c_str(), bm_prefill, isa, type, 2048,
+                                   128, 2)
+          ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("kvpack_attention_isa", attention_isa());
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,182 @@
+// matmul throughput at Qwen3-0.6B shapes next to a plain memory-bandwidth measurement, so the weight
+// streaming rate of the decode GEMV can be read against the machine's roofline.
+//
+//   bench_matmul [--benchmark_filter=REGEX] [--benchmark_min_time=0.2]
+//
+// Benchmarks (every ISA path the CPU supports is registered separately; KVPACK_ISA is not consulted):
+//   stream_sum/threads:T            read bandwidth: sum of a 512 MB buffer           -> "bytes" rate
+//   gemv/TYPE/NINxNOUT/ISA/threads:T  n_tokens = 1: y = W x                           -> "weights" rate
+//   prefill/TYPE/NINxNOUT/tok:N/ISA/threads:T                                         -> "flops" rate
+// Rates are SI (G = 1e9). Weights rotate over >= 512 MB of copies, so every call streams them from DRAM
+// as in real decode (a Qwen3-0.6B step reads 0.6-1.2 GB of weights, far beyond the L3); the F16 LM head
+// (311 MB) is already larger than the rotation target.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+#include "util/thread_pool.h"
+
+namespace {
+
+using kvpack::DType;
+using kvpack::ThreadPool;
+using namespace kvpack::kernels;
+
+constexpr size_t kRotateBytes = size_t{512} << 20;
+
+ThreadPool* pool_for(int threads) {
+  static ThreadPool p1(1), p2(2);
+  return threads <= 1 ? &p1 : &p2;
+}
+
+// n_copies back-to-back copies of one weight matrix (64 distinct random rows, tiled).
+struct WeightSet {
+  DType type = DType::F32;
+  int64_t n_out = 0, n_in = 0;
+  size_t matrix_bytes = 0;
+  int64_t n_copies = 0;
+  std::unique_ptr<uint8_t[]> mem;
+  const uint8_t* base = nullptr;
+  const void* copy(int64_t i) const { return base + static_cast<size_t>(i % n_copies) * matrix_bytes; }
+};
+
+const WeightSet& weights(DType type, int64_t n_out, int64_t n_in) {
+  static WeightSet ws;  // one set alive at a time (the benchmarks are registered grouped by shape)
+  if (ws.mem && ws.type == type && ws.n_out == n_out && ws.n_in == n_in) return ws;
+  ws.mem.reset();
+  ws.type = type;
+  ws.n_out = n_out;
+  ws.n_in = n_in;
+  const size_t rb = kvpack::row_bytes(type, n_in);
+  ws.matrix_bytes = rb * n_out;
+  ws.n_copies = std::max<int64_t>(1, (kRotateBytes + ws.matrix_bytes - 1) / ws.matrix_bytes);
+  const size_t total = ws.matrix_bytes * ws.n_copies;
+  ws.mem.reset(new uint8_t[total + 64]);
+  ws.base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ws.mem.get()) + 63) & ~uintptr_t{63});
+  std::mt19937 rng(42);
+  std::normal_distribution<float> g(0.0f, 0.05f);
+  constexpr int kPattern = 64;
+  std::vector<uint8_t> pattern(rb * kPattern);
+  std::vector<float> row(n_in);
+  for (int r = 0; r < kPattern; ++r) {
+    for (auto& v : row) v = g(rng);
+    quantize_row(row.data(), type, n_in, pattern.data() + r * rb);
+  }
+  uint8_t* dst = const_cast<uint8_t*>(ws.base);
+  for (int64_t r = 0; r < n_out * ws.n_copies; ++r) std::memcpy(dst + r * rb, pattern.data() + (r % kPattern) * rb, rb);
+  return ws;
+}
+
+std::vector<float> activations(int64_t n) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
+void bm_matmul(benchmark::State& state, Isa isa, DType type, int64_t n_in, int64_t n_out, int64_t n_tok, int threads) {
+  const WeightSet& ws = weights(type, n_out, n_in);
+  const std::vector<float> x = activations(n_in * n_tok);
+  std::vector<float> y(n_out * n_tok);
+  ThreadPool* pool = pool_for(threads);
+  int64_t i = 0;
+  for (auto _ : state) {
+    matmul_with_isa(isa, ws.copy(i++), type, n_out, n_in, x.data(), n_tok, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["weights"] = benchmark::Counter(iters * static_cast<double>(ws.matrix_bytes), benchmark::Counter::kIsRate);
+  if (n_tok > 1)
+    state.counters["flops"] = benchmark::Counter(iters * 2.0 * n_in * n_out * n_tok, benchmark::Counter::kIsRate);
+}
+
+// Read bandwidth: sum 64-bit words of a 512 MB buffer, split over the pool's threads.
+void bm_stream_sum(benchmark::State& state, int threads) {
+  static std::vector<uint64_t> buf = [] {
+    std::vector<uint64_t> b(kRotateBytes / sizeof(uint64_t));
+    for (size_t k = 0; k < b.size(); ++k) b[k] = k * 0x9E3779B97F4A7C15ull;
+    return b;
+  }();
+  ThreadPool* pool = pool_for(threads);
+  uint64_t part[64] = {};
+  for (auto _ : state) {
+    pool->run(threads, [&](int task, int) {
+      const auto [lo, hi] = kvpack::split_range(static_cast<int64_t>(buf.size()), threads, task, 8);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t k = lo; k < hi; k += 4) {
+        s0 += buf[k];
+        s1 += buf[k + 1];
+        s2 += buf[k + 2];
+        s3 += buf[k + 3];
+      }
+      part[task * 8] = s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(part);
+  }
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * kRotateBytes, benchmark::Counter::kIsRate);
+}
+
+struct Shape {
+  const char* what;
+  int64_t n_in, n_out;
+};
+// Qwen3-0.6B: hidden 1024, 16 q heads x 128 = 2048, ffn 3072, vocab 151936.
+constexpr Shape kShapes[] = {
+    {"q_proj", 1024, 2048}, {"ffn_up", 1024, 3072}, {"ffn_down", 3072, 1024}, {"lm_head", 1024, 151936}};
+
+void register_all() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Scalar})
+    if (cpu_supports(isa)) isas.push_back(isa);
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(("stream_sum/threads:" + std::to_string(threads)).c_str(), bm_stream_sum, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  for (DType type : {DType::F16, DType::Q8_0, DType::BF16, DType::Q4_0, DType::F32}) {
+    for (const Shape& s : kShapes) {
+      for (Isa isa : isas) {
+        for (int threads : {1, 2}) {
+          const std::string name = "gemv/" + std::string(kvpack::dtype_name(type)) + "/" + s.what + "_" +
+                                   std::to_string(s.n_in) + "x" + std::to_string(s.n_out) + "/" + isa_name(isa) +
+                                   "/threads:" + std::to_string(threads);
+          benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, type, s.n_in, s.n_out, int64_t{1}, threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+    // Prefill / batched decode: several tokens per weight pass.
+    for (int64_t n_tok : {4, 8, 64}) {
+      for (Isa isa : isas) {
+        const std::string name = "prefill/" + std::string(kvpack::dtype_name(type)) + "/ffn_up_1024x3072/tok:" +
+                                 std::to_string(n_tok) + "/" + isa_name(isa) + "/threads:2";
+        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, type, int64_t{1024}, int64_t{3072}, n_tok, 2)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("kvpack_best_isa", isa_name(best_isa()));
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

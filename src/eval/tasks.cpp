@@ -1,0 +1,406 @@
+#include "eval/tasks.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <set>
+#include <stdexcept>
+
+#include "engine/engine.h"
+
+namespace kvpack::eval {
+namespace {
+
+constexpr TaskKind kAll[] = {TaskKind::Needle, TaskKind::VarTrack, TaskKind::Pointer};
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t kind_tag(TaskKind k) { return static_cast<uint64_t>(k) + 1; }
+
+// ---- word lists (plain lowercase ASCII) ----
+const char* const kAdjectives[] = {"red",   "blue",  "green",  "quiet", "happy",  "brave", "small", "tall",
+                                   "cold",  "warm",  "bright", "dark",  "gentle", "proud", "quick", "slow",
+                                   "round", "sharp", "soft",   "loud",  "early",  "late",  "sweet", "young",
+                                   "old",   "wild",  "calm",   "clever", "funny", "lucky", "shiny", "busy"};
+const char* const kNouns[] = {"apple", "river", "garden", "window", "dragon", "pencil", "castle", "forest",
+                              "rabbit", "candle", "mirror", "basket", "ladder", "kettle", "violin", "anchor",
+                              "button", "carpet", "tiger",  "meadow", "jacket", "bottle", "rocket", "flower",
+                              "pillow", "harbor", "island", "wagon",  "lantern", "blanket", "compass", "saddle"};
+// Built-in filler: "<subject> <verb> <object> <time>."
+const char* const kSubjects[] = {"The old farmer", "A little girl",   "The tall teacher", "My neighbour",
+                                 "The young baker", "A quiet boy",    "The kind doctor",  "Her brother",
+                                 "The busy mother", "A small dog",    "The grey cat",     "His best friend",
+                                 "The happy sailor", "An old woman",  "The brave knight", "A tired painter"};
+const char* const kVerbs[] = {"walked to",   "looked at",  "talked about", "painted",    "cleaned",    "visited",
+                              "waited near", "read about", "sang about",   "dreamed of", "smiled at",  "ran past",
+                              "thought about", "played near", "wrote about", "sat beside"};
+const char* const kObjects[] = {"the red house", "the green garden", "the old bridge", "the wide river",
+                                "the busy market", "the big tree",   "the little boat", "the village school",
+                                "the quiet lake", "the tall tower",  "the sunny hill",  "the small bakery",
+                                "the dusty road", "the warm kitchen", "the old church", "the windy beach"};
+const char* const kTimes[] = {"in the morning", "after lunch",   "before dinner", "on a sunny day", "in the evening",
+                              "last week",      "every day",     "in the spring", "during the rain", "at night",
+                              "on the weekend", "once again",    "in the summer", "after school",    "before the storm",
+                              "with a smile"};
+
+template <class T, size_t N>
+const T& pick(Rng& r, const T (&a)[N]) {
+  return a[r.below(N)];
+}
+
+std::string upper_name(Rng& r, int len) {
+  std::string s;
+  for (int i = 0; i < len; ++i) s += static_cast<char>('A' + r.below(26));
+  return s;
+}
+
+// Distinct names of `len` uppercase letters.
+std::vector<std::string> upper_names(Rng& r, int count, int len) {
+  std::set<std::string> seen;
+  std::vector<std::string> out;
+  while (static_cast<int>(out.size()) < count) {
+    std::string s = upper_name(r, len);
+    if (s == "VAR" || !seen.insert(s).second) continue;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<int64_t> distinct_numbers(Rng& r, int count, int64_t lo, int64_t hi) {  // [lo, hi)
+  std::set<int64_t> seen;
+  std::vector<int64_t> out;
+  while (static_cast<int>(out.size()) < count) {
+    const int64_t v = lo + static_cast<int64_t>(r.below(static_cast<uint64_t>(hi - lo)));
+    if (seen.insert(v).second) out.push_back(v);
+  }
+  return out;
+}
+
+// The parts of a task that do not depend on how much filler there is.
+struct Skeleton {
+  std::string header, question, answer;
+  struct Item {
+    double depth;  // relative position among the filler lines, [0, 1]
+    std::string line;
+  };
+  std::vector<Item> items;  // in emission order for equal positions
+  size_t key_item = 0;      // the item whose depth is reported
+};
+
+Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
+  Skeleton sk;
+  switch (kind) {
+    case TaskKind::Needle: {
+      // Queried key adj-noun; distractors share its adjective, its noun, and neither.
+      const size_t a = r.below(std::size(kAdjectives)), b = r.below(std::size(kNouns));
+      size_t b2 = r.below(std::size(kNouns) - 1), a2 = r.below(std::size(kAdjectives) - 1);
+      if (b2 >= b) ++b2;
+      if (a2 >= a) ++a2;
+      size_t a3, b3;
+      do {
+        a3 = r.below(std::size(kAdjectives));
+        b3 = r.below(std::size(kNouns));
+      } while (a3 == a || a3 == a2 || b3 == b || b3 == b2);
+      auto key = [](size_t ai, size_t ni) { return std::string(kAdjectives[ai]) + "-" + kNouns[ni]; };
+      const std::string keys[4] = {key(a, b), key(a, b2), key(a2, b), key(a3, b3)};
+      const std::vector<int64_t> vals = distinct_numbers(r, 4, 1000000, 10000000);
+      sk.header = "Some special magic numbers are hidden in the following text. Remember them. "
+                  "I will ask you for one of them afterwards.";
+      for (int i = 0; i < 4; ++i) {
+        const double d = i == 0 && opt.depth >= 0 ? std::clamp(opt.depth, 0.0, 1.0) : r.unit();
+        sk.items.push_back({d, "The special magic number for " + keys[i] + " is: " + std::to_string(vals[static_cast<size_t>(i)]) + "."});
+      }
+      sk.key_item = 0;
+      sk.question = "What is the special magic number for " + keys[0] + " mentioned in the text?\n"
+                    "The special magic number for " + keys[0] + " is:";
+      sk.answer = " " + std::to_string(vals[0]);
+      break;
+    }
+    case TaskKind::VarTrack: {
+      constexpr int kChains = 2, kHops = 4;
+      const std::vector<std::string> names = upper_names(r, kChains * (kHops + 1), 5);
+      const std::vector<int64_t> vals = distinct_numbers(r, kChains, 10000, 100000);
+      sk.header = "Memorize the variable assignments in the following text. "
+                  "Each assignment reads VAR NAME = VALUE or VAR NAME = VAR OTHER.";
+      for (int c = 0; c < kChains; ++c) {
+        std::vector<double> d(kHops + 1);
+        for (double& x : d) x = r.unit();
+        std::sort(d.begin(), d.end());
+        for (int h = 0; h <= kHops; ++h) {
+          const std::string& v = names[static_cast<size_t>(c * (kHops + 1) + h)];
+          const std::string rhs = h == 0 ? std::to_string(vals[static_cast<size_t>(c)]) : "VAR " + names[static_cast<size_t>(c * (kHops + 1) + h - 1)];
+          sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + v + " = " + rhs + "."});
+        }
+      }
+      sk.key_item = 0;
+      const std::string& last = names[kHops];
+      sk.question = "Question: What number does VAR " + last + " hold?\nAnswer: The value of VAR " + last + " is";
+      sk.answer = " " + std::to_string(vals[0]);
+      break;
+    }
+    case TaskKind::Pointer: {
+      constexpr int kHops = 4, kDistractorChains = 3, kDistractorHops = 4;
+      const int n_nodes = (kHops + 1) + kDistractorChains * (kDistractorHops + 1);
+      const std::vector<std::string> nodes = upper_names(r, n_nodes, 4);
+      sk.header = "The following text hides links written as A -> B. "
+                  "To follow a link from A, find the line that starts with A.";
+      std::vector<Skeleton::Item> links;
+      for (int h = 0; h < kHops; ++h) links.push_back({r.unit(), nodes[static_cast<size_t>(h)] + " -> " + nodes[static_cast<size_t>(h + 1)]});
+      for (int c = 0; c < kDistractorChains; ++c) {
+        const int base = kHops + 1 + c * (kDistractorHops + 1);
+        for (int h = 0; h < kDistractorHops; ++h)
+          links.push_back({r.unit(), nodes[static_cast<size_t>(base + h)] + " -> " + nodes[static_cast<size_t>(base + h + 1)]});
+      }
+      sk.items = std::move(links);
+      sk.key_item = 0;
+      sk.question = "Question: Start at " + nodes[0] + " and follow " + std::to_string(kHops) + " links. Write the path.\n"
+                    "Answer: " + nodes[0] + " ->";
+      std::string ans;
+      for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + nodes[static_cast<size_t>(h)];
+      sk.answer = ans;
+      break;
+    }
+  }
+  return sk;
+}
+
+struct Assembled {
+  std::string prompt;
+  double key_depth = 0;
+};
+
+// Filler lines interleaved with the skeleton's items: item i goes before filler line round(depth * S).
+Assembled assemble(const Skeleton& sk, int64_t S, const std::function<const std::string&(int64_t)>& filler) {
+  std::vector<std::pair<int64_t, size_t>> order;  // (position, item index)
+  for (size_t i = 0; i < sk.items.size(); ++i)
+    order.emplace_back(static_cast<int64_t>(std::llround(sk.items[i].depth * static_cast<double>(S))), i);
+  std::stable_sort(order.begin(), order.end(), [](auto& x, auto& y) { return x.first < y.first; });
+  Assembled a;
+  std::string& p = a.prompt;
+  p = sk.header;
+  p += '\n';
+  size_t k = 0;
+  for (int64_t j = 0; j <= S; ++j) {
+    for (; k < order.size() && order[k].first == j; ++k) {
+      p += sk.items[order[k].second].line;
+      p += '\n';
+    }
+    if (j < S) {
+      p += filler(j);
+      p += '\n';
+    }
+  }
+  p += sk.question;
+  a.key_depth = S > 0 ? static_cast<double>(order.empty() ? 0 : std::llround(sk.items[sk.key_item].depth * static_cast<double>(S))) / static_cast<double>(S)
+                      : 0.0;
+  return a;
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+}  // namespace
+
+uint64_t Rng::next() {
+  uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+uint64_t Rng::below(uint64_t n) { return next() % n; }
+double Rng::unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+uint64_t sample_seed(uint64_t seed, TaskKind kind, int32_t index) {
+  return mix(mix(seed) ^ (kind_tag(kind) << 32) ^ static_cast<uint64_t>(static_cast<uint32_t>(index)));
+}
+
+TaskKind parse_task(const std::string& name) {
+  if (name == "needle") return TaskKind::Needle;
+  if (name == "vartrack") return TaskKind::VarTrack;
+  if (name == "pointer") return TaskKind::Pointer;
+  throw std::invalid_argument("unknown task '" + name + "' (valid: needle, vartrack, pointer, all)");
+}
+
+const char* task_name(TaskKind k) {
+  switch (k) {
+    case TaskKind::Needle: return "needle";
+    case TaskKind::VarTrack: return "vartrack";
+    case TaskKind::Pointer: return "pointer";
+  }
+  return "?";
+}
+
+std::vector<TaskKind> all_tasks() { return {std::begin(kAll), std::end(kAll)}; }
+
+std::vector<TaskKind> parse_tasks(const std::string& list) {
+  if (list == "all") return all_tasks();
+  std::vector<TaskKind> out;
+  size_t i = 0;
+  while (i <= list.size()) {
+    const size_t j = std::min(list.find(',', i), list.size());
+    const std::string name = list.substr(i, j - i);
+    if (!name.empty()) {
+      const TaskKind k = parse_task(name);
+      if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+    }
+    i = j + 1;
+  }
+  if (out.empty()) throw std::invalid_argument("no task given (valid: needle, vartrack, pointer, all)");
+  return out;
+}
+
+std::string builtin_filler(uint64_t seed, int64_t index) {
+  Rng r(mix(seed ^ 0xF111E5ull) ^ mix(static_cast<uint64_t>(index)));
+  std::string s = pick(r, kSubjects);
+  s += ' ';
+  s += pick(r, kVerbs);
+  s += ' ';
+  s += pick(r, kObjects);
+  s += ' ';
+  s += pick(r, kTimes);
+  s += '.';
+  return s;
+}
+
+std::vector<std::string> filler_sentences(std::string_view text) {
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    // trim
+    size_t b = 0, e = cur.size();
+    while (b < e && cur[b] == ' ') ++b;
+    while (e > b && cur[e - 1] == ' ') --e;
+    std::string s = cur.substr(b, e - b);
+    cur.clear();
+    if (s.empty()) return;
+    int words = 1, upper_run = 0;
+    bool ok = true;
+    for (size_t i = 0; i < s.size() && ok; ++i) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      if (c < 0x20 || c > 0x7e || std::isdigit(c)) ok = false;
+      if (c == ' ') ++words;
+      upper_run = std::isupper(c) ? upper_run + 1 : 0;
+      if (upper_run >= 2) ok = false;
+      if (c == '-' && i + 1 < s.size() && s[i + 1] == '>') ok = false;
+    }
+    if (ok && words >= 3 && words <= 30) out.push_back(std::move(s));
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '_') continue;
+    if (is_ws(c)) {
+      if (!cur.empty() && cur.back() != ' ') cur += ' ';
+      continue;
+    }
+    cur += c;
+    if ((c == '.' || c == '!' || c == '?') && (i + 1 == text.size() || is_ws(text[i + 1]))) flush();
+  }
+  return out;
+}
+
+Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer* tok, const TaskOptions& opt) {
+  Rng r(mix(seed) ^ mix(kind_tag(kind)));
+  const Skeleton sk = make_skeleton(kind, r, opt);
+  // Filler: its own stream, independent of how many lines end up used.
+  Rng fr(mix(seed ^ 0xF1ull) ^ mix(kind_tag(kind) + 7));
+  const uint64_t fseed = fr.next();
+  const int64_t fstart = opt.filler.empty() ? 0 : static_cast<int64_t>(fr.below(opt.filler.size()));
+  std::string scratch;
+  auto filler = [&](int64_t j) -> const std::string& {
+    if (!opt.filler.empty()) return opt.filler[static_cast<size_t>((fstart + j) % static_cast<int64_t>(opt.filler.size()))];
+    scratch = builtin_filler(fseed, j);
+    return scratch;
+  };
+  auto count = [&](const std::string& s) -> int64_t {
+    if (tok == nullptr) return static_cast<int64_t>(s.size());
+    return static_cast<int64_t>(tok->encode(s, tok->bos() >= 0).size());
+  };
+  const int64_t ans_est = tok ? static_cast<int64_t>(tok->encode(sk.answer, false).size()) : static_cast<int64_t>(sk.answer.size());
+  const int64_t target = static_cast<int64_t>(ctx_tokens) - ans_est - opt.gen_margin;
+  auto prompt_len = [&](int64_t S) { return count(assemble(sk, S, filler).prompt); };
+  const int64_t base = prompt_len(0);
+  if (base > target)
+    throw std::invalid_argument(std::string("context ") + std::to_string(ctx_tokens) + " is too small for task " + task_name(kind) +
+                                " (it needs at least " + std::to_string(base + ans_est + opt.gen_margin) + ")");
+  // Largest S with prompt_len(S) <= target: grow, then bisect.
+  int64_t lo = 0, hi = 8;
+  while (prompt_len(hi) <= target) {
+    lo = hi;
+    if (hi > (int64_t{1} << 24)) throw std::invalid_argument("task sizing did not converge");
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (prompt_len(mid) <= target ? lo : hi) = mid;
+  }
+  for (int64_t S = lo;; --S) {
+    Assembled a = assemble(sk, S, filler);
+    Task t;
+    t.kind = kind;
+    t.seed = seed;
+    t.ctx_target = ctx_tokens;
+    t.prompt_tokens = static_cast<int32_t>(count(a.prompt));
+    t.answer_tokens = static_cast<int32_t>(count(a.prompt + sk.answer) - t.prompt_tokens);
+    t.max_tokens = t.answer_tokens + opt.gen_margin;
+    if (t.prompt_tokens + t.max_tokens > ctx_tokens && S > 0) continue;
+    if (t.prompt_tokens + t.max_tokens > ctx_tokens)
+      throw std::invalid_argument(std::string("context ") + std::to_string(ctx_tokens) + " is too small for task " + task_name(kind));
+    t.prompt = std::move(a.prompt);
+    t.answer = sk.answer;
+    t.depth = a.key_depth;
+    t.filler_lines = static_cast<int32_t>(S);
+    return t;
+  }
+}
+
+bool score_answer(std::string_view generated, std::string_view expected) {
+  std::string g, e;
+  for (char c : generated)
+    if (!is_ws(c)) g += c;
+  for (char c : expected)
+    if (!is_ws(c)) e += c;
+  return !e.empty() && g.compare(0, e.size(), e) == 0;
+}
+
+TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n, uint64_t seed,
+                    const compress::CompressConfig& kv, const TaskOptions& opt) {
+  const Model& m = engine.model();
+  const Tokenizer& tok = m.tokenizer();
+  if (ctx_tokens > m.config().n_ctx)
+    throw std::invalid_argument("--ctx " + std::to_string(ctx_tokens) + " exceeds the model's context " + std::to_string(m.config().n_ctx));
+  if (n < 1) throw std::invalid_argument("task sample count must be >= 1");
+  TaskResult res;
+  res.kind = kind;
+  res.n = n;
+  double prompt_sum = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    TaskOptions o = opt;
+    if (kind == TaskKind::Needle && opt.depth < 0) o.depth = n > 1 ? static_cast<double>(i) / (n - 1) : 0.5;
+    TaskSample s;
+    s.task = make_task(kind, ctx_tokens, sample_seed(seed, kind, i), &tok, o);
+    GenerateRequest req;
+    req.prompt = tok.encode(s.task.prompt, tok.bos() >= 0);
+    req.max_tokens = s.task.max_tokens;
+    req.sampling.temperature = 0;  // greedy
+    req.kv = kv;
+    const GenerateResult g = engine.generate(req, nullptr);
+    s.generated = g.text;
+    s.correct = score_answer(g.text, s.task.answer);
+    s.peak_resident_kv_bytes = g.peak_resident_kv_bytes;
+    res.correct += s.correct ? 1 : 0;
+    prompt_sum += static_cast<double>(req.prompt.size());
+    res.peak_resident_kv_bytes = std::max(res.peak_resident_kv_bytes, g.peak_resident_kv_bytes);
+    res.compression.add(g.compression);
+    res.samples.push_back(std::move(s));
+  }
+  res.accuracy = static_cast<double>(res.correct) / n;
+  res.mean_prompt_tokens = prompt_sum / n;
+  return res;
+}
+
+}  // namespace kvpack::eval

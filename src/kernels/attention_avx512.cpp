@@ -1,0 +1,331 @@
+// AVX-512 page kernels of paged_attention (compiled with -mavx512f/bw/vl/dq -mfma -mf16c; run only when
+// the CPU has them). F16 pages are widened in registers with vcvtph2ps; any head_dim works (the last
+// partial vector of a row uses masked loads, which never touch the masked-off elements).
+//
+// QK: for each slot block (SB slots) and row block (NR <= 8 rows), NR x SB zmm accumulators over head_dim;
+//     each K vector is loaded/converted once per row block; results are reduced 4 at a time.
+// PV: for each row block (RB rows) and head_dim block (DB vectors), RB x DB zmm accumulators stay in
+//     registers across the page's slots; each V vector is loaded/converted once per row block.
+// GCC 12's AVX-512 intrinsics (_mm512_castps512_ps256, _mm512_scalef_ps, ...) pass _mm512_undefined_*()
+// as the pass-through operand, which trips -Wuninitialized after inlining (a GCC header issue).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "kernels/attention_impl.h"
+
+namespace kvpack::kernels::attn_detail {
+namespace {
+
+inline __m512 cvtph(__m256i h) { return _mm512_cvtph_ps(h); }
+inline __m256 hi256(__m512 v) { return _mm512_extractf32x8_ps(v, 1); }
+
+inline float reduce_add(__m512 v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi256(v));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float reduce_max(__m512 v) {
+  const __m256 s8 = _mm256_max_ps(_mm512_castps512_ps256(v), hi256(v));
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline __mmask16 lanes(int32_t k) {  // first min(k, 16) lanes (k >= 0)
+  return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
+}
+
+template <bool F16>
+inline __m512 load(const uint8_t* block, size_t idx) {
+  if constexpr (F16)
+    return cvtph(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * idx)));
+  else
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(block) + idx);
+}
+
+template <bool F16>
+inline __m512 load(const uint8_t* block, size_t idx, __mmask16 m) {
+  if constexpr (F16)
+    return cvtph(_mm256_maskz_loadu_epi16(m, block + 2 * idx));
+  else
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(block) + idx);
+}
+
+// exp(x), relative error ~1e-7 (Cephes expf polynomial, 2^n applied with vscalefps, so no overflow in the
+// exponent arithmetic). x <= -104 gives 0, NaN propagates.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // operand order: NaN in x is returned
+  x = _mm512_min_ps(_mm512_set1_ps(88.72f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline float exp1(float x) { return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x))); }
+
+// Horizontal sums of four vectors -> {sum a, sum b, sum c, sum d}.
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), hi256(a));
+  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), hi256(b));
+  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), hi256(c));
+  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), hi256(d));
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Scores of NR rows (qs rows, stride hdp) against slots [j0, j0 + SB) of the K block.
+template <bool F16, int NR, int SB>
+inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail, int32_t j0, const float* qs,
+                     int32_t hdp, float* sc, int32_t psp) {
+  __m512 acc[NR][SB];
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 4
+    for (int s = 0; s < SB; ++s) acc[i][s] = _mm512_setzero_ps();
+  for (int32_t v = 0; v < nfull; ++v) {
+    __m512 kv[SB];
+#pragma GCC unroll 4
+    for (int s = 0; s < SB; ++s) kv[s] = load<F16>(K, static_cast<size_t>(j0 + s) * hd + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * v);
+#pragma GCC unroll 4
+      for (int s = 0; s < SB; ++s) acc[i][s] = _mm512_fmadd_ps(q, kv[s], acc[i][s]);
+    }
+  }
+  if (tail) {
+    __m512 kv[SB];
+#pragma GCC unroll 4
+    for (int s = 0; s < SB; ++s) kv[s] = load<F16>(K, static_cast<size_t>(j0 + s) * hd + 16 * nfull, tail);
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * nfull);
+#pragma GCC unroll 4
+      for (int s = 0; s < SB; ++s) acc[i][s] = _mm512_fmadd_ps(q, kv[s], acc[i][s]);
+    }
+  }
+  constexpr int kN = NR * SB;
+  alignas(16) float sums[kN + 3];
+  int k = 0;
+#pragma GCC unroll 8
+  for (; k + 4 <= kN; k += 4)
+    _mm_store_ps(sums + k, hsum4(acc[k / SB][k % SB], acc[(k + 1) / SB][(k + 1) % SB], acc[(k + 2) / SB][(k + 2) % SB],
+                                 acc[(k + 3) / SB][(k + 3) % SB]));
+  for (; k < kN; ++k) sums[k] = reduce_add(acc[k / SB][k % SB]);
+#pragma GCC unroll 8
+  for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 4
+    for (int s = 0; s < SB; ++s) sc[static_cast<size_t>(i) * psp + j0 + s] = sums[i * SB + s];
+}
+
+template <bool F16, int NR>
+void qk_rows(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, float* sc, int32_t psp) {
+  constexpr int SB = NR <= 4 ? 4 : 2;  // <= 16 accumulators + SB K vectors + 1 q vector in 32 zmm
+  const int32_t nfull = hd / 16;
+  const __mmask16 tail = static_cast<__mmask16>(hd % 16 ? lanes(hd % 16) : 0);
+  int32_t j = 0;
+  for (; j + SB <= n; j += SB) qk_block<F16, NR, SB>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+  for (; j < n; ++j) qk_block<F16, NR, 1>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+}
+
+template <bool F16>
+void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R, float* scores,
+          int32_t psp) {
+  for (int32_t r0 = 0; r0 < R; r0 += 8) {
+    const float* q = qs + static_cast<size_t>(r0) * hdp;
+    float* sc = scores + static_cast<size_t>(r0) * psp;
+    switch (imin(8, R - r0)) {
+      case 1:
+        qk_rows<F16, 1>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 2:
+        qk_rows<F16, 2>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 3:
+        qk_rows<F16, 3>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 4:
+        qk_rows<F16, 4>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 5:
+        qk_rows<F16, 5>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 6:
+        qk_rows<F16, 6>(K, n, hd, q, hdp, sc, psp);
+        break;
+      case 7:
+        qk_rows<F16, 7>(K, n, hd, q, hdp, sc, psp);
+        break;
+      default:
+        qk_rows<F16, 8>(K, n, hd, q, hdp, sc, psp);
+        break;
+    }
+  }
+}
+
+// acc[i][v0 .. v0+DB vectors] = acc * alpha[i] + sum_{j < nv[i]} p[i][j] * V[j][...] for RB rows.
+template <bool F16, int RB, int DB>
+inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __mmask16 tail, const int32_t* nv,
+                     int32_t jfull, int32_t jmax, const float* p, int32_t psp, const float* alpha, float* acc,
+                     int32_t hdp) {
+  __mmask16 mk[DB];
+#pragma GCC unroll 4
+  for (int b = 0; b < DB; ++b) mk[b] = (tail && v0 + b == nvec - 1) ? tail : static_cast<__mmask16>(0xFFFF);
+  __m512 a[RB][DB];
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i) {
+    const __m512 al = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b)
+      a[i][b] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b)), al);
+  }
+  int32_t j = 0;
+  for (; j < jfull; ++j) {  // slots visible to every row of the block
+    __m512 vv[DB];
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) vv[b] = load<F16>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) {
+      const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(i) * psp + j]);
+#pragma GCC unroll 4
+      for (int b = 0; b < DB; ++b) a[i][b] = _mm512_fmadd_ps(pb, vv[b], a[i][b]);
+    }
+  }
+  for (; j < jmax; ++j) {  // causal edge: only rows whose limit covers slot j
+    __m512 vv[DB];
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) vv[b] = load<F16>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) {
+      if (j >= nv[i]) continue;
+      const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(i) * psp + j]);
+#pragma GCC unroll 4
+      for (int b = 0; b < DB; ++b) a[i][b] = _mm512_fmadd_ps(pb, vv[b], a[i][b]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b), a[i][b]);
+}
+
+template <bool F16, int RB, int DB>
+void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int32_t rel0, const float* p, int32_t psp,
+             const float* alpha, float* acc, int32_t hdp) {
+  int32_t nv[RB];
+  int32_t jfull = n, jmax = 0;
+  for (int i = 0; i < RB; ++i) {
+    nv[i] = row_valid(rel0, r0 + i, G, n);
+    jfull = imin(jfull, nv[i]);
+    jmax = imax(jmax, nv[i]);
+  }
+  const int32_t nvec = (hd + 15) / 16;
+  const __mmask16 tail = static_cast<__mmask16>(hd % 16 ? lanes(hd % 16) : 0);
+  p += static_cast<size_t>(r0) * psp;
+  alpha += r0;
+  acc += static_cast<size_t>(r0) * hdp;
+  int32_t v0 = 0;
+  for (; v0 + DB <= nvec; v0 += DB)
+    pv_block<F16, RB, DB>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+  for (; v0 < nvec; ++v0) pv_block<F16, RB, 1>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+}
+
+template <bool F16>
+void pv_t(const uint8_t* V, int32_t n, int32_t hd, const float* p, int32_t psp, const float* alpha, float* acc,
+          int32_t hdp, int32_t R, int32_t G, int32_t rel0) {
+  int32_t r0 = 0;
+  for (; r0 + 8 <= R; r0 += 8) pv_rows<F16, 8, 2>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+  if (r0 + 4 <= R) {
+    pv_rows<F16, 4, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+    r0 += 4;
+  }
+  if (r0 + 2 <= R) {
+    pv_rows<F16, 2, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+    r0 += 2;
+  }
+  if (r0 < R) pv_rows<F16, 1, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+}
+
+struct Avx512Kern {
+  static void qk(const uint8_t* kblock, bool f16, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
+                 float* scores, int32_t psp, float*) {
+    if (f16)
+      qk_t<true>(kblock, n, hd, qs, hdp, R, scores, psp);
+    else
+      qk_t<false>(kblock, n, hd, qs, hdp, R, scores, psp);
+  }
+
+  static void softmax(float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, float* m, float* l,
+                      float* alpha) {
+    for (int32_t r = 0; r < R; ++r) {
+      const int32_t nv = row_valid(rel0, r, G, n);
+      float* s = scores + static_cast<size_t>(r) * psp;
+      alpha[r] = 1.0f;
+      if (nv == 0) continue;
+      __m512 mx = _mm512_set1_ps(m[r]);
+      for (int32_t c = 0; c < nv; c += 16) mx = _mm512_mask_max_ps(mx, lanes(nv - c), mx, _mm512_loadu_ps(s + c));
+      const float mnew = reduce_max(mx);
+      if (mnew == -__builtin_inff()) {  // every visible score is -inf: no weight
+        for (int32_t c = 0; c < nv; c += 16) _mm512_storeu_ps(s + c, _mm512_setzero_ps());
+        continue;
+      }
+      const __m512 mv = _mm512_set1_ps(mnew);
+      __m512 sum = _mm512_setzero_ps();
+      for (int32_t c = 0; c < nv; c += 16) {
+        const __mmask16 mk = lanes(nv - c);
+        const __m512 e = _mm512_maskz_mov_ps(mk, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + c), mv)));
+        _mm512_storeu_ps(s + c, e);  // rows are padded to 16 floats
+        sum = _mm512_add_ps(sum, e);
+      }
+      const float a = m[r] == mnew ? 1.0f : exp1(m[r] - mnew);
+      l[r] = l[r] * a + reduce_add(sum);
+      m[r] = mnew;
+      alpha[r] = a;
+    }
+  }
+
+  static void pv(const uint8_t* vblock, bool f16, int32_t n, int32_t hd, const float* p, int32_t psp,
+                 const float* alpha, float* acc, int32_t hdp, int32_t R, int32_t G, int32_t rel0, float*) {
+    if (f16)
+      pv_t<true>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    else
+      pv_t<false>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+  }
+
+  static void mass(const float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, const float* m,
+                   const float* l, float* key_mass) {
+    for (int32_t c = 0; c < n; c += 16) {
+      __m512 col = _mm512_setzero_ps();
+      for (int32_t r = 0; r < R; ++r) {
+        const int32_t nv = row_valid(rel0, r, G, n);
+        if (nv <= c || !(l[r] > 0.0f)) continue;
+        const __mmask16 mk = lanes(nv - c);
+        const __m512 s = _mm512_maskz_loadu_ps(mk, scores + static_cast<size_t>(r) * psp + c);
+        const __m512 e = exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m[r])));
+        col = _mm512_mask_add_ps(col, mk, col, _mm512_mul_ps(e, _mm512_set1_ps(1.0f / l[r])));
+      }
+      const __mmask16 mk = lanes(n - c);
+      _mm512_mask_storeu_ps(key_mass + c, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, key_mass + c), col));
+    }
+  }
+};
+
+}  // namespace
+
+void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args) { run<Avx512Kern>(kv, args); }
+
+}  // namespace kvpack::kernels::attn_detail

@@ -1,0 +1,246 @@
+// AVX2 kernels (AVX2 + FMA + F16C). Built with -mavx2 -mfma -mf16c; only reached when
+// cpu_supports(Isa::Avx2). Follows the ODR rules in matmul_internal.h. Same structure as the AVX-512
+// file (token tiles over L2-resident row blocks), with 8-wide vectors and a 4-token tile (16 ymm).
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul_internal.h"
+
+namespace kvpack::kernels::detail {
+namespace {
+
+constexpr int kTile = 4;
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  __builtin_memcpy(&v, p, 2);
+  return v;
+}
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// Lanes [0, n) all-ones, for maskload of a partial vector (n in 1..7).
+inline __m256i lane_mask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// F32 / F16 / BF16 weights: widen 8 weights to f32 (exact), FMA with f32 activations.
+
+struct LdF32 {
+  static __m256 full(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+  static __m256 part(const uint8_t* row, int64_t i, int64_t n) {
+    return _mm256_maskload_ps(reinterpret_cast<const float*>(row) + i, lane_mask(n));
+  }
+};
+// 16-bit types: the tail goes through a zero-padded copy (no 16-bit masked loads in AVX2).
+inline __m128i load_u16_part(const uint8_t* p, int64_t n) {
+  uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  __builtin_memcpy(tmp, p, static_cast<size_t>(n) * 2);
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(tmp));
+}
+struct LdF16 {
+  static __m256 full(const uint8_t* row, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
+  }
+  static __m256 part(const uint8_t* row, int64_t i, int64_t n) { return _mm256_cvtph_ps(load_u16_part(row + 2 * i, n)); }
+};
+struct LdBF16 {
+  static __m256 widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+  static __m256 full(const uint8_t* row, int64_t i) {
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
+  }
+  static __m256 part(const uint8_t* row, int64_t i, int64_t n) { return widen(load_u16_part(row + 2 * i, n)); }
+};
+
+template <class Ld, int T>
+void dot_f(const uint8_t* row, int64_t n, const float* const* xs, float* out) {
+  constexpr int U = T == 1 ? 4 : T == 2 ? 2 : 1;  // >= 4 independent FMA chains
+  __m256 acc[U][T];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 * U <= n; i += 8 * U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const __m256 w = Ld::full(row, i + 8 * u);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) acc[u][t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + i + 8 * u), acc[u][t]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w = Ld::full(row, i);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[0][t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + i), acc[0][t]);
+  }
+  if (i < n) {
+    const __m256 w = Ld::part(row, i, n - i);
+    const __m256i m = lane_mask(n - i);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[0][t] = _mm256_fmadd_ps(w, _mm256_maskload_ps(xs[t] + i, m), acc[0][t]);
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    __m256 s = acc[0][t];
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][t]);
+    out[t] = hsum(s);
+  }
+}
+
+using DotF = void (*)(const uint8_t*, int64_t, const float* const*, float*);
+
+template <class Ld>
+void rows_f(const RowsArgs& a) {
+  static constexpr DotF kDot[kTile] = {dot_f<Ld, 1>, dot_f<Ld, 2>, dot_f<Ld, 3>, dot_f<Ld, 4>};
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
+    const float* xs[kTile];
+    for (int t = 0; t < nt; ++t)
+      xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
+    float* y = a.y + t0 * a.y_stride;
+    const DotF dot = kDot[nt - 1];
+    for (int64_t r = a.r0; r < a.r1; ++r) {
+      float out[kTile];
+      dot(a.W + r * a.row_bytes, a.n_in, xs, out);
+      for (int t = 0; t < nt; ++t) y[t * a.y_stride + r] = out[t];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Q8_0 / Q4_0 x int8 activations with vpmaddubsw (u8 x s8 -> saturating s16 pairs) + vpmaddwd.
+//   Q8_0: sign trick, |w| x (x * sign(w)): each s16 pair sum is <= 2 * 128 * 127 = 32512, no saturation
+//         (the activations never hold -128). No bias needed (K = 0).
+//   Q4_0: raw nibbles (0..15) x x, pair sums <= 2 * 15 * 127; bias8 adds -8 * sum(x) (K = 8).
+
+struct WQ8 {
+  static constexpr int kBytes = 34;
+  static constexpr bool kSigned = true;
+  static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)); }
+};
+struct WQ4 {
+  static constexpr int kBytes = 18;
+  static constexpr bool kSigned = false;
+  static __m256i load(const uint8_t* p) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1),
+                            _mm256_set1_epi8(0x0f));
+  }
+};
+
+template <class Wq, int T>
+void dot_q(const uint8_t* row, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
+  constexpr int U = T == 1 ? 2 : 1;  // two accumulators (alternate blocks) for GEMV
+  __m256 acc[U][T];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto block = [&](int64_t b, int u) {
+    const uint8_t* p = row + b * Wq::kBytes;
+    const __m256i w = Wq::load(p);
+    const __m256i wu = Wq::kSigned ? _mm256_abs_epi8(w) : w;
+    const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(p)));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* act = acts[t];
+      __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b * 32));
+      if (Wq::kSigned) xq = _mm256_sign_epi8(xq, w);
+      __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xq), ones);
+      if (!Wq::kSigned)
+        s = _mm256_add_epi32(s, _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.bias_off + b * 32)));
+      const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off + b * 32));
+      acc[u][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[u][t]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + U <= nb; b += U)
+#pragma GCC unroll 2
+    for (int u = 0; u < U; ++u) block(b + u, u);
+  for (; b < nb; ++b) block(b, 0);
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    __m256 s = acc[0][t];
+    if (U > 1) s = _mm256_add_ps(s, acc[U - 1][t]);
+    out[t] = hsum(s);
+  }
+}
+
+using DotQ = void (*)(const uint8_t*, int64_t, const uint8_t* const*, const ActLayout&, float*);
+
+template <class Wq>
+void rows_q(const RowsArgs& a) {
+  static constexpr DotQ kDot[kTile] = {dot_q<Wq, 1>, dot_q<Wq, 2>, dot_q<Wq, 3>, dot_q<Wq, 4>};
+  const int64_t nb = a.n_in / kQBlock;
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
+    const uint8_t* acts[kTile];
+    for (int t = 0; t < nt; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_stride;
+    float* y = a.y + t0 * a.y_stride;
+    const DotQ dot = kDot[nt - 1];
+    for (int64_t r = a.r0; r < a.r1; ++r) {
+      float out[kTile];
+      dot(a.W + r * a.row_bytes, nb, acts, a.act, out);
+      for (int t = 0; t < nt; ++t) y[t * a.y_stride + r] = out[t];
+    }
+  }
+}
+
+// Activation quantisation; bit-identical to quant_act_scalar (see the AVX-512 version).
+void quant_act_avx2(const float* x, int64_t n_in, int bias_k, const ActLayout& L, void* out) {
+  auto* base = static_cast<uint8_t*>(out);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const int64_t nb = n_in / kQBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + b * 32 + 8 * k);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int32_t sum = _mm_cvtsi128_si32(s4);
+    // packs interleave 128-bit lanes; the dword permute restores element order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + L.qs_off + b * 32),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(base + L.d_off) + b * 8, _mm256_set1_ps(d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<int32_t*>(base + L.bias_off) + b * 8),
+                        _mm256_setr_epi32(-bias_k * sum, 0, 0, 0, 0, 0, 0, 0));
+  }
+}
+
+}  // namespace
+
+const IsaKernels& kernels_avx2() {
+  static const IsaKernels k = {
+      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>},
+      quant_act_avx2,
+      {0, 0, 0, 0, 8},
+  };
+  return k;
+}
+
+}  // namespace kvpack::kernels::detail

@@ -1,0 +1,346 @@
+// AVX-512 kernels (F + BW + VL + DQ + VNNI, with FMA and F16C). Built with -mavx512*; only reached when
+// cpu_supports(Isa::Avx512). Follows the ODR rules in matmul_internal.h: no shared inline code, no std
+// templates, everything internal to this file.
+//
+// Structure: a rows kernel walks its token chunk in tiles of up to kTile tokens; for each tile it streams
+// the task's weight rows (<= 256 KB, L2 resident after the first tile) and computes all tile tokens from
+// one load + widen of each weight vector. GEMV (n_tokens == 1) is the tile-of-one case, which keeps
+// several independent accumulators so the FMA latency never limits the weight stream.
+// GCC 12's AVX-512 intrinsic headers trip -W(maybe-)uninitialized on their internal _mm512_undefined_*
+// temporaries (GCC bug 105593, fixed in 13); the pragma must precede the include to cover them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul_internal.h"
+
+namespace kvpack::kernels::detail {
+namespace {
+
+constexpr int kTile = 8;  // tokens per pass over the weights (8 accumulators + temporaries fit 32 zmm)
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  __builtin_memcpy(&v, p, 2);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// F32 / F16 / BF16 weights: widen 16 weights to f32 (exact), FMA with f32 activations.
+// BF16 is widened by a 16-bit shift rather than using vdpbf16ps: dpbf16 would need the activations
+// rounded to bf16 (8-bit mantissa, ~2^-9 relative error per element, i.e. ~1e-3 relative error in a
+// dot product), while widening keeps every product exact and costs nothing measurable in a
+// bandwidth-bound GEMV. Same for F16 (vcvtph2ps is exact).
+
+struct LdF32 {
+  static __m512 full(const uint8_t* row, int64_t i) { return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+  static __m512 part(const uint8_t* row, int64_t i, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
+  }
+};
+struct LdF16 {
+  static __m512 full(const uint8_t* row, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+  }
+  static __m512 part(const uint8_t* row, int64_t i, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * i));
+  }
+};
+struct LdBF16 {
+  static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static __m512 full(const uint8_t* row, int64_t i) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+  }
+  static __m512 part(const uint8_t* row, int64_t i, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, row + 2 * i)); }
+};
+
+// Horizontal sums of 4 vectors -> {sum a, sum b, sum c, sum d} (transpose-and-add; ~10 instructions
+// instead of 4 separate reductions).
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0+a2 b0+b2 a1+a3 b1+b3
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps(abcd, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// out[i] = horizontal sum of v[i], i < N.
+template <int N>
+inline void store_sums(const __m512* v, float* out) {
+  int i = 0;
+#pragma GCC unroll 8
+  for (; i + 4 <= N; i += 4) _mm_storeu_ps(out + i, reduce4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+#pragma GCC unroll 4
+  for (; i < N; ++i) out[i] = _mm512_reduce_add_ps(v[i]);
+}
+
+// Rows per call for a tile of T tokens: with few tokens, several weight rows share each activation load
+// and give the FMA units enough independent chains.
+constexpr int rows_for(int T) { return T == 1 ? 4 : T == 2 ? 2 : 1; }
+
+// out[k * T + t] = dot(rows[k], xs[t]) for k < R, t < T.
+template <class Ld, int R, int T>
+void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float* out) {
+  constexpr int U = R * T >= 8 ? 1 : R * T >= 3 ? 2 : 4;  // unroll: >= 4 independent FMA chains
+  __m512 acc[U][R * T];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+    for (int j = 0; j < R * T; ++j) acc[u][j] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 * U <= n; i += 16 * U) {
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) {
+      __m512 w[R];
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 16 * u);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m512 x = _mm512_loadu_ps(xs[t] + i + 16 * u);
+#pragma GCC unroll 8
+        for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm512_fmadd_ps(w[k], x, acc[u][k * T + t]);
+      }
+    }
+  }
+  for (; i < n; i += 16) {  // remaining full vectors, then a masked tail
+    const auto m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    __m512 w[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) w[k] = Ld::part(rows[k], i, m);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512 x = _mm512_maskz_loadu_ps(m, xs[t] + i);
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) acc[0][k * T + t] = _mm512_fmadd_ps(w[k], x, acc[0][k * T + t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int u = 1; u < U; ++u)
+#pragma GCC unroll 8
+    for (int j = 0; j < R * T; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], acc[u][j]);
+  store_sums<R * T>(acc[0], out);
+}
+
+// Rows [r0, r1) x the T tokens xs[], R rows per kernel call, remainder rows one at a time.
+template <class Ld, int T>
+void rows_tile_f(const RowsArgs& a, const float* const* xs, float* y) {
+  constexpr int R = rows_for(T);
+  int64_t r = a.r0;
+  for (; r + R <= a.r1; r += R) {
+    const uint8_t* rows[R];
+    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
+    float out[R * T];
+    dot_f<Ld, R, T>(rows, a.n_in, xs, out);
+    for (int k = 0; k < R; ++k)
+      for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
+  }
+  for (; r < a.r1; ++r) {
+    const uint8_t* row = a.W + r * a.row_bytes;
+    float out[T];
+    dot_f<Ld, 1, T>(&row, a.n_in, xs, out);
+    for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
+  }
+}
+
+using TileF = void (*)(const RowsArgs&, const float* const*, float*);
+
+template <class Ld>
+void rows_f(const RowsArgs& a) {
+  static constexpr TileF kTileFn[kTile] = {rows_tile_f<Ld, 1>, rows_tile_f<Ld, 2>, rows_tile_f<Ld, 3>,
+                                           rows_tile_f<Ld, 4>, rows_tile_f<Ld, 5>, rows_tile_f<Ld, 6>,
+                                           rows_tile_f<Ld, 7>, rows_tile_f<Ld, 8>};
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
+    const float* xs[kTile];
+    for (int t = 0; t < nt; ++t)
+      xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
+    kTileFn[nt - 1](a, xs, a.y + t0 * a.y_stride);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Q8_0 / Q4_0 weights x int8-quantised activations with VNNI vpdpbusd (u8 x s8 -> s32, 4-way sums).
+// Two 32-element blocks fill one zmm; the int32 lanes 0-7 belong to the first block, 8-15 to the
+// second. The unsigned operand is the weight:
+//   Q8_0: w + 128 (xor 0x80), so sum((w+128) x) = dot + 128 sum(x)   -> bias K = 128
+//   Q4_0: the raw nibble n = w + 8,   sum(n x) = dot + 8 sum(x)       -> bias K = 8
+// The correction -K*sum(x) is pre-placed in lane 0 of each block's accumulator (ActLayout::bias8), so it
+// costs a load, not an instruction. Every int32 lane stays < 2^24 in magnitude, so the conversion to
+// float is exact; the float multiply by d_w * d_x and the accumulation are the only rounding steps.
+
+inline __m512 dw_pair(const uint8_t* p0, const uint8_t* p1) {
+  const __m128 f =
+      _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u16(p0) | static_cast<uint32_t>(load_u16(p1)) << 16)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                               _mm512_castps128_ps512(f));
+}
+inline __m256 dw_one(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_ss(load_u16(p))); }
+
+struct WQ8 {
+  static constexpr int kBytes = 34;
+  static __m512i pair(const uint8_t* p) {
+    const __m512i w = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes + 2)), 1);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  static __m256i one(const uint8_t* p) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
+struct WQ4 {
+  static constexpr int kBytes = 18;
+  static __m512i pair(const uint8_t* p) {
+    // [qs0 | qs1] -> [qs0, qs0, qs1, qs1] -> shift the 2nd and 4th 128-bit lanes right by 4 -> & 0x0f:
+    // elements 0-15, 16-31 of block 0, then of block 1.
+    const __m256i ab =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + 2)), 1);
+    const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(ab));
+    const long long s4 = 0x0004000400040004LL;
+    const __m512i sh = _mm512_setr_epi64(0, 0, s4, s4, 0, 0, s4, s4);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0f));
+  }
+  static __m256i one(const uint8_t* p) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1),
+                            _mm256_set1_epi8(0x0f));
+  }
+};
+
+// out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
+template <class Wq, int R, int T>
+void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
+  __m512 acc[R * T];
+#pragma GCC unroll 8
+  for (int j = 0; j < R * T; ++j) acc[j] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    __m512i w[R];
+    __m512 dw[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) {
+      const uint8_t* p = rows[k] + b * Wq::kBytes;
+      w[k] = Wq::pair(p);
+      dw[k] = dw_pair(p, p + Wq::kBytes);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* act = acts[t];
+      const __m512i xq = _mm512_load_si512(act + L.qs_off + b * 32);
+      const __m512i bias = _mm512_load_si512(act + L.bias_off + b * 32);
+      const __m512 dx = _mm512_load_ps(act + L.d_off + b * 32);
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) {
+        const __m512i s = _mm512_dpbusd_epi32(bias, w[k], xq);
+        acc[k * T + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[k], dx), acc[k * T + t]);
+      }
+    }
+  }
+  if (b < nb) {  // odd block count: last block on ymm
+    __m256i w[R];
+    __m256 dw[R];
+#pragma GCC unroll 8
+    for (int k = 0; k < R; ++k) {
+      const uint8_t* p = rows[k] + b * Wq::kBytes;
+      w[k] = Wq::one(p);
+      dw[k] = dw_one(p);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* act = acts[t];
+      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b * 32));
+      const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.bias_off + b * 32));
+      const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off + b * 32));
+#pragma GCC unroll 8
+      for (int k = 0; k < R; ++k) {
+        const __m256i s = _mm256_dpbusd_epi32(bias, w[k], xq);
+        const __m256 lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[k], dx),
+                                          _mm512_castps512_ps256(acc[k * T + t]));
+        acc[k * T + t] = _mm512_insertf32x8(acc[k * T + t], lo, 0);
+      }
+    }
+  }
+  store_sums<R * T>(acc, out);
+}
+
+template <class Wq, int T>
+void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
+  constexpr int R = rows_for(T);
+  const int64_t nb = a.n_in / kQBlock;
+  int64_t r = a.r0;
+  for (; r + R <= a.r1; r += R) {
+    const uint8_t* rows[R];
+    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
+    float out[R * T];
+    dot_q<Wq, R, T>(rows, nb, acts, a.act, out);
+    for (int k = 0; k < R; ++k)
+      for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
+  }
+  for (; r < a.r1; ++r) {
+    const uint8_t* row = a.W + r * a.row_bytes;
+    float out[T];
+    dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
+    for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
+  }
+}
+
+using TileQ = void (*)(const RowsArgs&, const uint8_t* const*, float*);
+
+template <class Wq>
+void rows_q(const RowsArgs& a) {
+  static constexpr TileQ kTileFn[kTile] = {rows_tile_q<Wq, 1>, rows_tile_q<Wq, 2>, rows_tile_q<Wq, 3>,
+                                           rows_tile_q<Wq, 4>, rows_tile_q<Wq, 5>, rows_tile_q<Wq, 6>,
+                                           rows_tile_q<Wq, 7>, rows_tile_q<Wq, 8>};
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
+    const uint8_t* acts[kTile];
+    for (int t = 0; t < nt; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_stride;
+    kTileFn[nt - 1](a, acts, a.y + t0 * a.y_stride);
+  }
+}
+
+// Activation quantisation; bit-identical to quant_act_scalar (same d / id formulas, cvtps2dq rounds to
+// nearest-even like the scalar magic-number rounding, max is order-independent).
+void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout& L, void* out) {
+  auto* base = static_cast<uint8_t*>(out);
+  const int64_t nb = n_in / kQBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    int8_t* qs = reinterpret_cast<int8_t*>(base + L.qs_off) + b * 32;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16), _mm512_cvtsepi32_epi8(q1));
+    _mm256_storeu_ps(reinterpret_cast<float*>(base + L.d_off) + b * 8, _mm256_set1_ps(d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<int32_t*>(base + L.bias_off) + b * 8),
+                        _mm256_setr_epi32(-bias_k * sum, 0, 0, 0, 0, 0, 0, 0));
+  }
+}
+
+}  // namespace
+
+const IsaKernels& kernels_avx512() {
+  static const IsaKernels k = {
+      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>},
+      quant_act_avx512,
+      {0, 0, 0, 128, 8},
+  };
+  return k;
+}
+
+}  // namespace kvpack::kernels::detail

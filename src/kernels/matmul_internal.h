@@ -1,0 +1,65 @@
+// Internal interface between the matmul driver (matmul.cpp) and the per-ISA kernel files
+// (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp). Not part of the public API.
+//
+// ODR hazard: the ISA files are compiled with -mavx2 / -mavx512*; any inline function or template they
+// instantiate from a shared header (std::min, std::vector, kvpack::fp16_to_f32, ...) may be emitted as a
+// weak symbol that the linker then also uses for baseline callers -> SIGILL on older CPUs. So this
+// header holds only PODs, constants and declarations, and the ISA files include nothing but this,
+// <immintrin.h>, <cstdint> and <cstddef>, keep all helpers `static`/in anonymous namespaces, and use no
+// std templates.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kvpack::kernels::detail {
+
+// Weight encodings the kernels handle (index into IsaKernels::rows).
+enum WKind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3, kQ4_0 = 4, kNumWKinds = 5 };
+
+constexpr int kQBlock = 32;  // elements per Q8_0 / Q4_0 block
+
+// Quantised activations for the integer-dot kernels (Q8_0 and Q4_0 weights). Layout of one token
+// (nb = n_in / 32 blocks), same for every ISA so the quantisation is bit-identical across paths:
+//   int8_t  qs[nb][32]      q = round_nearest_even(x * id), id = 127 / amax (0 if amax == 0)
+//   float   d8[nb][8]       d = amax / 127, replicated 8x (a ready-made ymm/zmm scale operand)
+//   int32_t bias8[nb][8]    lane 0 = -K * sum(qs of block), lanes 1..7 = 0. K is the offset the
+//                           ISA's unsigned x signed dot trick needs (see act_bias_k); 0 = unused.
+// The token stride is rounded up to 64 bytes; every part starts 64-byte aligned when the base is.
+struct ActLayout {
+  size_t qs_off, d_off, bias_off, stride;
+};
+// Defined in matmul.cpp (not inline here: see the ODR note above); the driver passes it to the kernels.
+ActLayout act_layout(int64_t n_in);
+
+// Arguments of one rows kernel call: rows [r0, r1) x tokens [0, n_tokens) of the chunk.
+//   weight row r   : W + r * row_bytes
+//   token t input  : (const char*)x + t * x_stride   (f32 row for F types, quantised ActLayout token for Q)
+//   output         : y[t * y_stride + r]
+struct RowsArgs {
+  const uint8_t* W;
+  size_t row_bytes;
+  int64_t n_in;
+  int64_t r0, r1;
+  const void* x;
+  size_t x_stride;
+  int64_t n_tokens;
+  float* y;
+  int64_t y_stride;
+  ActLayout act;  // Q kinds only
+};
+
+using RowsFn = void (*)(const RowsArgs& a);
+// Quantises one token of f32 activations into ActLayout form; bias_k as described above.
+using QuantActFn = void (*)(const float* x, int64_t n_in, int bias_k, const ActLayout& layout, void* out);
+
+struct IsaKernels {
+  RowsFn rows[kNumWKinds];  // nullptr = this ISA has no kernel for the kind (driver falls back to scalar)
+  QuantActFn quant_act;
+  int bias_k[kNumWKinds];   // K for ActLayout::bias8 per weight kind (0 if the kernel ignores bias8)
+};
+
+const IsaKernels& kernels_scalar();
+const IsaKernels& kernels_avx2();    // only call when cpu_supports(Isa::Avx2)
+const IsaKernels& kernels_avx512();  // only call when cpu_supports(Isa::Avx512)
+
+}  // namespace kvpack::kernels::detail

@@ -1,0 +1,410 @@
+#include "server/api.h"
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+
+namespace kvpack::server {
+namespace {
+
+// Parsing throws an ApiError internally; the public entry points turn it into a ParseResult.
+[[noreturn]] void fail(std::string message, std::string param = "", std::string code = "") {
+  throw bad_request(std::move(message), std::move(param), std::move(code));
+}
+
+// The field, or nullptr when absent or JSON null (OpenAI treats null as "not given").
+const json* field(const json& b, const char* name) {
+  auto it = b.find(name);
+  if (it == b.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int64_t as_int(const json& v, const char* name, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) fail(std::string("'") + name + "' must be an integer", name);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    fail(std::string("'") + name + "' must be at most " + std::to_string(hi), name);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo) fail(std::string("'") + name + "' must be at least " + std::to_string(lo), name);
+  if (x > hi) fail(std::string("'") + name + "' must be at most " + std::to_string(hi), name);
+  return x;
+}
+
+double as_number(const json& v, const char* name, double lo, double hi) {
+  if (!v.is_number()) fail(std::string("'") + name + "' must be a number", name);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "'%s' must be between %g and %g", name, lo, hi);
+    fail(buf, name);
+  }
+  return x;
+}
+
+bool as_bool(const json& v, const char* name) {
+  if (!v.is_boolean()) fail(std::string("'") + name + "' must be a boolean", name);
+  return v.get<bool>();
+}
+
+std::string as_string(const json& v, const char* name) {
+  if (!v.is_string()) fail(std::string("'") + name + "' must be a string", name);
+  return v.get<std::string>();
+}
+
+bool truthy(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0;
+  if (v.is_string()) return !v.get<std::string>().empty();
+  if (v.is_array() || v.is_object()) return !v.empty();
+  return false;
+}
+
+uint64_t random_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
+
+// Fields shared by both endpoints: sampling, limits, stop strings, streaming, KV extensions.
+void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
+  // Features we do not implement are refused rather than silently ignored.
+  if (const json* v = field(b, "n"); v && as_int(*v, "n", 1, 1 << 20) != 1) fail("only n = 1 is supported", "n");
+  if (const json* v = field(b, "best_of"); v && as_int(*v, "best_of", 1, 1 << 20) != 1)
+    fail("only best_of = 1 is supported", "best_of");
+  for (const char* k : {"logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "tools", "functions"})
+    if (const json* v = field(b, k); v && truthy(*v)) fail(std::string("'") + k + "' is not supported by this server", k);
+  for (const char* k : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = field(b, k); v && as_number(*v, k, -2, 2) != 0)
+      fail(std::string("'") + k + "' is not supported; use the 'repeat_penalty' extension", k);
+  if (const json* v = field(b, "response_format")) {
+    if (!v->is_object() || v->value("type", "text") != "text")
+      fail("only response_format {\"type\": \"text\"} is supported", "response_format");
+  }
+  if (const json* v = field(b, "model")) as_string(*v, "model");  // one model per server: any name is accepted
+
+  if (const json* v = field(b, "stream")) r.stream = as_bool(*v, "stream");
+  if (const json* v = field(b, "stream_options")) {
+    if (!v->is_object()) fail("'stream_options' must be an object", "stream_options");
+    if (const json* u = field(*v, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
+  }
+
+  const int32_t n_ctx = ctx.model->n_ctx;
+  const int32_t limit = ctx.limits.max_tokens_limit > 0 ? ctx.limits.max_tokens_limit : n_ctx;
+  RequestSpec& s = r.spec;
+  s.max_tokens = std::min(ctx.limits.default_max_tokens, limit);
+  for (const char* k : {"max_tokens", "max_completion_tokens"})
+    if (const json* v = field(b, k)) s.max_tokens = static_cast<int32_t>(as_int(*v, k, 0, limit));
+
+  SamplingParams& p = s.sampling;
+  if (const json* v = field(b, "temperature")) p.temperature = static_cast<float>(as_number(*v, "temperature", 0, 2));
+  if (const json* v = field(b, "top_p")) p.top_p = static_cast<float>(as_number(*v, "top_p", 0, 1));
+  if (const json* v = field(b, "min_p")) p.min_p = static_cast<float>(as_number(*v, "min_p", 0, 1));
+  if (const json* v = field(b, "top_k")) p.top_k = static_cast<int32_t>(std::max<int64_t>(0, as_int(*v, "top_k", -1, 1 << 30)));
+  if (const json* v = field(b, "repeat_penalty")) p.repeat_penalty = static_cast<float>(as_number(*v, "repeat_penalty", 0.01, 10));
+  const json* seed = field(b, "seed");
+  p.seed = seed ? static_cast<uint64_t>(as_int(*seed, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()))
+                : random_seed();
+
+  if (const json* v = field(b, "stop")) {
+    if (v->is_string()) {
+      s.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (static_cast<int32_t>(v->size()) > ctx.limits.max_stop)
+        fail("at most " + std::to_string(ctx.limits.max_stop) + " stop strings are allowed", "stop");
+      for (const auto& x : *v) {
+        if (!x.is_string()) fail("'stop' must be a string or a list of strings", "stop");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      fail("'stop' must be a string or a list of strings", "stop");
+    }
+    for (const auto& st : s.stop)
+      if (st.empty()) fail("stop strings must not be empty", "stop");
+  }
+  if (const json* v = field(b, "ignore_eos")) s.ignore_eos = as_bool(*v, "ignore_eos");
+  if (const json* v = field(b, "priority"))
+    s.priority = static_cast<int32_t>(as_int(*v, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+  if (const json* v = field(b, "cache_salt")) s.cache_salt = salt_hash(as_string(*v, "cache_salt"));
+
+  // KV compression: the server default, with policy and budget overridable per request.
+  s.kv = ctx.default_kv;
+  const json* pol = field(b, "kv_policy");
+  const json* bud = field(b, "kv_budget");
+  if (pol) {
+    try {
+      s.kv.policy = compress::parse_policy(as_string(*pol, "kv_policy"));
+    } catch (const std::invalid_argument& e) {
+      fail(e.what(), "kv_policy", "invalid_kv_policy");
+    }
+  }
+  if (bud) s.kv.budget = static_cast<int32_t>(as_int(*bud, "kv_budget", 0, 1 << 24));
+  if (s.kv.policy != compress::PolicyKind::Full) {
+    if (s.kv.budget <= 0)
+      fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) + "' needs a kv_budget > 0", bud ? "kv_budget" : "kv_policy");
+    if (compress::policy_needs_calibration(s.kv.policy) && !ctx.has_calibration)
+      fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) +
+               "' needs calibration statistics and this server was started without them (kvpack serve --kv-calib FILE)",
+           "kv_policy");
+  } else if (bud && s.kv.budget > 0) {
+    fail("kv_budget has no effect with kv_policy 'full'; set kv_policy too", "kv_budget");
+  }
+}
+
+// Prompt checks shared by both endpoints (after the prompt tokens are known).
+void check_prompt(const ApiContext& ctx, ParsedRequest& r, const char* param) {
+  const auto& prompt = r.spec.prompt;
+  const int32_t n_ctx = ctx.model->n_ctx;
+  if (prompt.empty()) fail("the prompt is empty", param);
+  for (int32_t t : prompt)
+    if (t < 0 || t >= ctx.model->n_vocab)
+      fail("token id " + std::to_string(t) + " is out of range (vocabulary of " + std::to_string(ctx.model->n_vocab) + ")", param);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n >= n_ctx)
+    fail("the prompt has " + std::to_string(n) + " tokens; this model's context is " + std::to_string(n_ctx) +
+             " tokens (at most " + std::to_string(n_ctx - 1) + " prompt tokens)",
+         param, "context_length_exceeded");
+  if (ctx.limits.max_prompt_tokens > 0 && n > ctx.limits.max_prompt_tokens)
+    fail("the prompt has " + std::to_string(n) + " tokens; this server accepts at most " +
+             std::to_string(ctx.limits.max_prompt_tokens),
+         param, "context_length_exceeded");
+  // Without compression the whole prompt must fit in the page pool at once.
+  if (!r.spec.kv.enabled() && ctx.kv_capacity_pages > 0) {
+    const int64_t streams = static_cast<int64_t>(ctx.model->n_layer) * ctx.model->n_head_kv;
+    const int64_t pages = streams * ((n + 1 + ctx.page_size - 1) / ctx.page_size);
+    if (pages > ctx.kv_capacity_pages)
+      fail("the prompt needs " + std::to_string(pages) + " KV pages and the server's pool has " +
+               std::to_string(ctx.kv_capacity_pages) + " (try a compressing kv_policy)",
+           param, "context_length_exceeded");
+  }
+}
+
+std::string content_text(const json& c, size_t i) {
+  const std::string param = "messages[" + std::to_string(i) + "].content";
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_array()) {  // content parts: text only
+    std::string s;
+    for (const auto& part : c) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        fail("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", param);
+      s += part["text"].get<std::string>();
+    }
+    return s;
+  }
+  fail("message content must be a string or a list of text parts", param);
+}
+
+template <class F>
+ParseResult guarded(F&& f) {
+  try {
+    return f();
+  } catch (const ApiError& e) {
+    return e;
+  } catch (const json::exception& e) {  // e.g. a type mismatch we did not anticipate
+    return bad_request(std::string("invalid request: ") + e.what());
+  }
+}
+
+std::string random_hex(size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  uint64_t x = random_seed();
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 16 == 0 && i > 0) x = random_seed();
+    s += digits[x & 15];
+    x >>= 4;
+  }
+  return s;
+}
+
+std::string dump(const json& j) {
+  // Generated text can end in an incomplete UTF-8 sequence (flushed at the end of a stream): replace
+  // it rather than throwing.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+json error_body(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return json{{"error", err}};
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
+  return guarded([&]() -> ParseResult {
+    if (!b.is_object()) fail("the request body must be a JSON object");
+    ParsedRequest r;
+    parse_common(b, ctx, r);
+    const json* p = field(b, "prompt");
+    if (!p) fail("'prompt' is required", "prompt");
+    const Tokenizer& tok = *ctx.tokenizer;
+    auto encode = [&](const std::string& text) {
+      if (text.empty()) fail("the prompt is empty", "prompt");
+      return tok.encode(text, tok.add_bos_default());
+    };
+    if (p->is_string()) {
+      r.spec.prompt = encode(p->get<std::string>());
+    } else if (p->is_array()) {
+      // A list of token ids, or a batch of one prompt ([string] / [[ids]]); larger batches: n/a.
+      if (p->empty()) fail("the prompt is empty", "prompt");
+      if ((*p)[0].is_string() || (*p)[0].is_array()) {
+        if (p->size() != 1) fail("batched prompts are not supported: send one prompt per request", "prompt");
+        const json& one = (*p)[0];
+        if (one.is_string()) {
+          r.spec.prompt = encode(one.get<std::string>());
+        } else {
+          for (const auto& t : one) r.spec.prompt.push_back(static_cast<int32_t>(as_int(t, "prompt", INT32_MIN, INT32_MAX)));
+        }
+      } else {
+        for (const auto& t : *p) r.spec.prompt.push_back(static_cast<int32_t>(as_int(t, "prompt", INT32_MIN, INT32_MAX)));
+      }
+    } else {
+      fail("'prompt' must be a string or a list of token ids", "prompt");
+    }
+    check_prompt(ctx, r, "prompt");
+    return r;
+  });
+}
+
+ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
+  return guarded([&]() -> ParseResult {
+    if (!b.is_object()) fail("the request body must be a JSON object");
+    ParsedRequest r;
+    r.chat = true;
+    parse_common(b, ctx, r);
+    const json* m = field(b, "messages");
+    if (!m) fail("'messages' is required", "messages");
+    if (!m->is_array() || m->empty()) fail("'messages' must be a non-empty list", "messages");
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < m->size(); ++i) {
+      const json& x = (*m)[i];
+      const std::string at = "messages[" + std::to_string(i) + "]";
+      if (!x.is_object()) fail(at + " must be an object", "messages");
+      if (!x.contains("role") || !x["role"].is_string()) fail(at + ".role must be a string", at + ".role");
+      ChatMessage msg;
+      msg.role = x["role"].get<std::string>();
+      if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+        fail(at + ".role must be one of system, developer, user, assistant, tool", at + ".role");
+      const json* c = field(x, "content");
+      if (c) msg.content = content_text(*c, i);
+      else if (msg.role != "assistant") fail(at + ".content is required", at + ".content");
+      msgs.push_back(std::move(msg));
+    }
+    r.spec.prompt = render_chat_tokens(ctx.chat_format, msgs, *ctx.tokenizer);
+    for (auto& st : chat_default_stops(ctx.chat_format)) r.spec.stop.push_back(st);
+    check_prompt(ctx, r, "messages");
+    return r;
+  });
+}
+
+ParseResult parse_request_body(std::string_view body, bool chat, const ApiContext& ctx) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
+  }
+  return chat ? parse_chat_request(j, ctx) : parse_completion_request(j, ctx);
+}
+
+ResponseMeta new_response_meta(bool chat, std::string model) {
+  ResponseMeta m;
+  m.chat = chat;
+  m.id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
+  m.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m.model = std::move(model);
+  return m;
+}
+
+std::string openai_finish_reason(const std::string& r) {
+  if (r == "eos" || r == "stop") return "stop";
+  if (r == "length" || r == "context") return "length";
+  return r;  // "cancelled", "error: ..." never reach a client as a finish reason
+}
+
+json usage_json(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  return json{{"id", m.id},
+              {"object", m.chat ? "chat.completion" : "text_completion"},
+              {"created", m.created},
+              {"model", m.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(u)}};
+}
+
+json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
+  if (m.chat) {
+    json delta = json::object();
+    if (first_chunk) delta["role"] = "assistant";
+    if (!text.empty() || finish_reason.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  return json{{"id", m.id},
+              {"object", m.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", m.created},
+              {"model", m.model},
+              {"choices", json::array({choice})}};
+}
+
+json usage_chunk(const ResponseMeta& m, const Usage& u) {
+  return json{{"id", m.id},
+              {"object", m.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", m.created},
+              {"model", m.model},
+              {"choices", json::array()},
+              {"usage", usage_json(u)}};
+}
+
+std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+bool bearer_matches(std::string_view header, std::string_view key) {
+  // The scheme is not secret (and case-insensitive per RFC 7235); the key is compared in constant time.
+  constexpr std::string_view scheme = "bearer ";
+  if (header.size() < scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != scheme[i]) return false;
+  const std::string_view got = header.substr(scheme.size());
+  unsigned char diff = got.size() != key.size() ? 1 : 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(key[i] ^ (i < got.size() ? got[i] : 0));
+  return diff == 0 && !key.empty();
+}
+
+uint64_t salt_hash(std::string_view s) {
+  if (s.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+}  // namespace kvpack::server

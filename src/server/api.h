@@ -1,0 +1,108 @@
+// OpenAI-compatible request parsing and response building, kept free of any HTTP library so that every
+// validation rule can be unit-tested with plain JSON. The HTTP wiring lives in server.cpp.
+//
+// Requests (POST /v1/completions, POST /v1/chat/completions) accept the OpenAI fields max_tokens
+// (chat also max_completion_tokens), temperature, top_p, min_p, seed, stop, stream,
+// stream_options.include_usage, and these extensions: top_k, repeat_penalty, ignore_eos, kv_policy,
+// kv_budget, priority, cache_salt. Fields that would silently change semantics if ignored (n > 1,
+// logprobs, echo, best_of, non-zero presence/frequency penalties, logit_bias, tools) are rejected with
+// a 400 instead. Unknown fields are ignored, as OpenAI clients send many optional ones.
+// Omitted sampling fields take the engine's defaults (llama.cpp-like: temperature 0.8, top_k 40,
+// top_p 0.95, min_p 0.05); an omitted seed draws a fresh random one per request.
+// Nothing in a request can name a file (e.g. no per-request calibration file): the server's KV
+// calibration is whatever it was started with.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "compress/config.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+#include "server/chat_template.h"
+
+namespace kvpack::server {
+
+using json = nlohmann::json;
+
+// An error as the client sees it: HTTP status + OpenAI's {"error": {message, type, param, code}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // offending field ("" → null)
+  std::string code;   // machine-readable code ("" → null)
+};
+json error_body(const ApiError& e);
+ApiError bad_request(std::string message, std::string param = "", std::string code = "");
+
+struct ApiLimits {
+  size_t max_body_bytes = 1 << 20;   // larger bodies: 413
+  int32_t max_prompt_tokens = 0;     // 0: context - 1
+  int32_t max_tokens_limit = 0;      // largest max_tokens a request may ask for; 0: the context length
+  int32_t default_max_tokens = 256;  // when a request gives none (clamped to the limit)
+  int32_t max_stop = 16;             // stop strings per request
+};
+
+// What the parser needs to know about the model and the server's configuration.
+struct ApiContext {
+  const Tokenizer* tokenizer = nullptr;
+  const ModelConfig* model = nullptr;
+  ChatFormat chat_format = ChatFormat::Plain;
+  compress::CompressConfig default_kv;  // server default policy, overridable per request
+  bool has_calibration = false;         // whether policies that need calibration can run
+  int64_t kv_capacity_pages = 0;        // page pool size (an uncompressed prompt must fit)
+  int32_t page_size = 16;
+  ApiLimits limits;
+};
+
+struct ParsedRequest {
+  RequestSpec spec;
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+using ParseResult = std::variant<ParsedRequest, ApiError>;
+ParseResult parse_completion_request(const json& body, const ApiContext& ctx);
+ParseResult parse_chat_request(const json& body, const ApiContext& ctx);
+// Parses a raw body (invalid JSON → 400) and dispatches on `chat`.
+ParseResult parse_request_body(std::string_view body, bool chat, const ApiContext& ctx);
+
+// --- responses ---------------------------------------------------------------------------------------
+
+struct ResponseMeta {
+  std::string id;      // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0; // unix seconds
+  std::string model;
+  bool chat = false;
+};
+ResponseMeta new_response_meta(bool chat, std::string model);  // fresh random id, current time
+
+struct Usage {
+  int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".
+std::string openai_finish_reason(const std::string& scheduler_reason);
+
+json usage_json(const Usage& u);
+json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u);
+// One streamed chunk: a text delta (finish_reason empty → null), or the closing chunk with its finish
+// reason. For chat, the first chunk (first_chunk) carries delta.role = "assistant".
+json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk);
+// The extra last chunk of stream_options.include_usage: empty choices and the usage.
+json usage_chunk(const ResponseMeta& m, const Usage& u);
+std::string sse_event(const json& j);  // "data: <json>\n\n"
+
+// Constant-time comparison of an Authorization header against "Bearer <key>" (the time does not
+// depend on where the first mismatching byte is).
+bool bearer_matches(std::string_view header, std::string_view key);
+
+// Stable 64-bit hash for cache_salt (non-zero for any non-empty salt; 0 means "no salt").
+uint64_t salt_hash(std::string_view s);
+
+}  // namespace kvpack::server

@@ -1,0 +1,110 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace kvpack::server {
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);  // round-trips; integers print without exponent below 2^53
+  return buf;
+}
+std::string num(int64_t v) { return std::to_string(v); }
+std::string num(uint64_t v) { return std::to_string(v); }
+
+class Writer {
+ public:
+  template <class T>
+  void metric(const char* type, const std::string& name, const char* help, T value) {
+    head(type, name, help);
+    os_ << name << ' ' << num(value) << '\n';
+  }
+  void head(const char* type, const std::string& name, const char* help) {
+    os_ << "# HELP " << name << ' ' << help << '\n' << "# TYPE " << name << ' ' << type << '\n';
+  }
+  template <class T>
+  void sample(const std::string& name_and_labels, T value) { os_ << name_and_labels << ' ' << num(value) << '\n'; }
+  void histogram(const std::string& name, const char* help, const Histogram& h) {
+    head("histogram", name, help);
+    uint64_t cum = 0;  // Prometheus buckets are cumulative; Histogram's are per bucket
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cum += h.counts[i];
+      char le[64];
+      std::snprintf(le, sizeof le, "%g", h.bounds[i]);
+      sample(name + "_bucket{le=\"" + le + "\"}", cum);
+    }
+    if (!h.counts.empty()) cum += h.counts.back();
+    sample(name + "_bucket{le=\"+Inf\"}", cum);
+    sample(name + "_sum", h.sum);
+    sample(name + "_count", h.count);
+  }
+  std::string str() const { return os_.str(); }
+
+ private:
+  std::ostringstream os_;
+};
+
+}  // namespace
+
+std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int64_t kv_streams) {
+  Writer w;
+  const auto& c = m.compression;
+  const auto& p = m.prefix;
+  // KV page pool.
+  w.metric("gauge", "kvpack_kv_pages_total", "KV page pool capacity in pages.", m.pages_total);
+  w.metric("gauge", "kvpack_kv_pages_used", "KV pages in use (running sequences and the prefix cache).", m.pages_used);
+  w.metric("gauge", "kvpack_kv_pages_free", "KV pages free.", m.pages_free);
+  w.metric("gauge", "kvpack_kv_page_bytes", "Bytes per KV page (K and V).", m.page_bytes);
+  w.metric("gauge", "kvpack_kv_resident_bytes", "Bytes of KV pages in use.", m.resident_kv_bytes);
+  // Compression.
+  w.metric("counter", "kvpack_kv_compactions_total", "KV compression events (evict + compact).", c.events);
+  w.metric("counter", "kvpack_kv_evicted_slots_total", "KV slots evicted, summed over layers and KV heads.", c.evicted_slots);
+  w.metric("counter", "kvpack_kv_evicted_tokens_total", "KV slots evicted divided by the number of (layer, KV head) streams.",
+           kv_streams > 0 ? c.evicted_slots / kv_streams : 0);
+  w.metric("counter", "kvpack_kv_evicted_bytes_total", "Bytes of K/V evicted.", c.evicted_bytes);
+  w.metric("counter", "kvpack_kv_freed_pages_total", "KV pages returned to the pool by compaction.", c.freed_pages);
+  w.metric("counter", "kvpack_kv_freed_bytes_total", "Bytes of KV pages returned to the pool by compaction.", c.freed_bytes);
+  w.metric("gauge", "kvpack_kv_reclaim_efficiency", "Freed bytes / evicted bytes (1 = every evicted byte came back as free pages).",
+           c.reclaim_efficiency());
+  w.metric("counter", "kvpack_kv_compaction_seconds_total", "Time spent scoring, selecting and compacting.", c.seconds);
+  // Prefix cache.
+  w.metric("counter", "kvpack_prefix_cache_queries_total", "Prefix cache lookups (one per admission).", p.queries);
+  w.metric("counter", "kvpack_prefix_cache_hits_total", "Lookups that reused at least one block.", p.hits);
+  w.metric("counter", "kvpack_prefix_cache_hit_tokens_total", "Prompt tokens whose KV was reused.", p.tokens_hit);
+  w.metric("counter", "kvpack_prefix_cache_blocks_queried_total", "Full blocks looked up.", p.blocks_queried);
+  w.metric("counter", "kvpack_prefix_cache_blocks_hit_total", "Blocks reused.", p.blocks_hit);
+  w.metric("counter", "kvpack_prefix_cache_evictions_total", "Blocks dropped from the prefix cache.", p.evictions);
+  w.metric("gauge", "kvpack_prefix_cache_blocks", "Blocks held by the prefix cache.", p.cached_blocks);
+  // Scheduling.
+  w.head("counter", "kvpack_preemptions_total", "Running sequences preempted (recompute) to free KV pages, by victim policy.");
+  w.sample("kvpack_preemptions_total{reason=\"lru\"}", m.preemptions_lru);
+  w.sample("kvpack_preemptions_total{reason=\"lfu\"}", m.preemptions_lfu);
+  w.sample("kvpack_preemptions_total{reason=\"priority\"}", m.preemptions_priority);
+  w.metric("gauge", "kvpack_requests_running", "Sequences in the running batch.", m.running);
+  w.metric("gauge", "kvpack_requests_waiting", "Requests queued for admission.", m.waiting);
+  w.metric("gauge", "kvpack_requests_peak_running", "Largest running batch seen.", m.peak_running);
+  w.metric("counter", "kvpack_requests_finished_total", "Requests that completed (stop, eos, length).", m.requests_finished);
+  w.metric("counter", "kvpack_requests_cancelled_total", "Requests cancelled (e.g. the client went away).", m.requests_cancelled);
+  w.metric("counter", "kvpack_requests_failed_total", "Requests that ended with an error.", m.requests_failed);
+  w.metric("counter", "kvpack_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens);
+  w.metric("counter", "kvpack_generated_tokens_total", "Tokens generated.", m.generated_tokens);
+  w.metric("counter", "kvpack_scheduler_steps_total", "Scheduler steps (batched forward passes).", m.steps);
+  w.histogram("kvpack_time_to_first_token_seconds", "Time from submission to the first generated token.", m.ttft);
+  w.histogram("kvpack_inter_token_latency_seconds", "Time between consecutive tokens of a request.", m.itl);
+  // HTTP layer.
+  w.metric("gauge", "kvpack_http_active_requests", "Generation requests being served.", h.active_requests);
+  w.metric("gauge", "kvpack_http_max_concurrent_requests", "Concurrency limit (--max-concurrent).", h.max_concurrent);
+  w.head("counter", "kvpack_http_rejected_total", "Requests refused before generation, by reason.");
+  w.sample("kvpack_http_rejected_total{reason=\"concurrency\"}", h.rejected_concurrency);
+  w.sample("kvpack_http_rejected_total{reason=\"queue_full\"}", h.rejected_queue_full);
+  w.sample("kvpack_http_rejected_total{reason=\"shutdown\"}", h.rejected_shutdown);
+  w.metric("counter", "kvpack_http_client_disconnects_total", "Requests cancelled because the client disconnected.",
+           h.client_disconnects);
+  w.head("counter", "kvpack_http_responses_total", "HTTP responses by status code.");
+  for (const auto& [code, n] : h.responses) w.sample("kvpack_http_responses_total{code=\"" + std::to_string(code) + "\"}", n);
+  return w.str();
+}
+
+}  // namespace kvpack::server

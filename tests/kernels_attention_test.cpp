@@ -1,0 +1,477 @@
+// Property tests of paged_attention against a naive double-precision reference (materialised scores,
+// softmax, weighted sum over a flat, non-paged copy of K/V), on every instruction-set path this CPU has.
+//
+// Tolerances (V entries are in [-1, 1], so every output is a convex combination bounded by 1):
+//  * outputs: |out - ref| <= 1e-5. The kernel works in f32: scores are f32 dot products over <= 128 terms
+//    of magnitude |score| <~ 15 here, i.e. absolute score error ~1e-6 (a few ulps of the partial sums);
+//    that is a relative error ~1e-6 on each softmax weight; exp (scalar libm or the ~1e-7 polynomial) and
+//    the f32 running sums over <= 2K slots (error ~sqrt(n) * 6e-8 typically, n * 6e-8 worst) add ~1e-6.
+//    Observed max error is ~9e-7; 1e-5 leaves margin without hiding real bugs (a dropped or duplicated
+//    slot, a wrong rescale or a causal off-by-one changes outputs by >= 1e-3 at these sizes).
+//  * key_mass: |mass - ref| <= 2e-5 * (1 + ref) per slot (a sum of up to 264 probabilities, each with
+//    relative error ~1e-6).
+//  * F16 storage: the reference uses the same rounded (f16 -> f32) values, so the tolerance is unchanged.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "util/half.h"
+
+namespace kvpack::kernels {
+namespace {
+
+constexpr double kOutTol = 1e-5;
+constexpr double kMassTol = 2e-5;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Config {
+  int32_t hd = 8, ps = 16, group = 1, n_slots = 1, n_new = 1;
+  DType type = DType::F32;
+  float scale = 1.0f;
+};
+
+std::string describe(const Config& c) {
+  return "hd=" + std::to_string(c.hd) + " ps=" + std::to_string(c.ps) + " group=" + std::to_string(c.group) +
+         " n_slots=" + std::to_string(c.n_slots) + " n_new=" + std::to_string(c.n_new) +
+         (c.type == DType::F16 ? " f16" : " f32");
+}
+
+// One KV stream: the flat K/V the reference uses ([n_slots][hd], values as the kernel sees them, i.e.
+// rounded through f16 for F16 storage) and the paged copy: pages at scattered, shuffled positions of a
+// pool that is twice as large as needed and NaN-filled, so reading any slot >= n_slots poisons the output.
+class Stream {
+ public:
+  explicit Stream(const Config& c, std::mt19937& rng) : c_(c) {
+    esz_ = c.type == DType::F16 ? 2 : 4;
+    v_offset_ = static_cast<size_t>(c.ps) * c.hd * esz_;
+    page_stride_ = (2 * v_offset_ + 63) / 64 * 64 + 64 * (rng() % 2);
+    const int32_t n_pages = (c.n_slots + c.ps - 1) / c.ps;
+    const int32_t pool_pages = 2 * n_pages + 1;
+    pool_.resize(page_stride_ * pool_pages / 8 + 8);
+    auto* bytes = reinterpret_cast<uint8_t*>(pool_.data());
+    const size_t n_elems = page_stride_ * pool_pages / esz_;
+    for (size_t i = 0; i < n_elems; ++i) store(bytes + i * esz_, kNaN);
+    std::vector<int32_t> perm(pool_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int32_t p = 0; p < n_pages; ++p) pages_.push_back(bytes + static_cast<size_t>(perm[p]) * page_stride_);
+    K_.resize(static_cast<size_t>(c.n_slots) * c.hd);
+    V_.resize(K_.size());
+  }
+
+  // Writes slot s (both the flat reference copy and the page).
+  void set_slot(int32_t s, const float* k, const float* v) {
+    uint8_t* page = const_cast<uint8_t*>(pages_[s / c_.ps]);
+    const size_t row = static_cast<size_t>(s % c_.ps) * c_.hd;
+    for (int32_t d = 0; d < c_.hd; ++d) {
+      K_[static_cast<size_t>(s) * c_.hd + d] = store(page + (row + d) * esz_, k[d]);
+      V_[static_cast<size_t>(s) * c_.hd + d] = store(page + v_offset_ + (row + d) * esz_, v[d]);
+    }
+  }
+
+  void fill_random(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> k(c_.hd), v(c_.hd);
+    for (int32_t s = 0; s < c_.n_slots; ++s) {
+      for (int32_t d = 0; d < c_.hd; ++d) {
+        k[d] = u(rng);
+        v[d] = u(rng);
+      }
+      set_slot(s, k.data(), v.data());
+    }
+  }
+
+  KvStreamView view() const {
+    KvStreamView kv;
+    kv.pages = pages_.data();
+    kv.n_slots = c_.n_slots;
+    kv.page_size = c_.ps;
+    kv.head_dim = c_.hd;
+    kv.kv_type = c_.type;
+    kv.v_offset = v_offset_;
+    return kv;
+  }
+
+  const Config& config() const { return c_; }
+  const float* k(int32_t s) const { return K_.data() + static_cast<size_t>(s) * c_.hd; }
+  const float* v(int32_t s) const { return V_.data() + static_cast<size_t>(s) * c_.hd; }
+
+ private:
+  // Stores x in the stream's element type; returns the value as read back.
+  float store(uint8_t* dst, float x) const {
+    if (esz_ == 2) {
+      const uint16_t h = f32_to_fp16(x);
+      std::memcpy(dst, &h, 2);
+      return fp16_to_f32(h);
+    }
+    std::memcpy(dst, &x, 4);
+    return x;
+  }
+
+  Config c_;
+  size_t esz_ = 4, v_offset_ = 0, page_stride_ = 0;
+  std::vector<uint64_t> pool_;
+  std::vector<const uint8_t*> pages_;
+  std::vector<float> K_, V_;
+};
+
+// Naive reference in double: out[(t * group + g) * hd + d]; mass (if given) += probabilities.
+void reference(const Stream& st, const std::vector<float>& q, int64_t q_stride, std::vector<double>& out,
+               std::vector<double>* mass) {
+  const Config& c = st.config();
+  out.assign(static_cast<size_t>(c.n_new) * c.group * c.hd, 0.0);
+  std::vector<double> sc(c.n_slots);
+  for (int32_t t = 0; t < c.n_new; ++t) {
+    const int32_t limit = c.n_slots - c.n_new + t + 1;
+    for (int32_t g = 0; g < c.group; ++g) {
+      const float* qv = q.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int32_t s = 0; s < limit; ++s) {
+        double dot = 0;
+        for (int32_t d = 0; d < c.hd; ++d) dot += static_cast<double>(qv[d]) * st.k(s)[d];
+        sc[s] = dot * c.scale;
+        mx = std::max(mx, sc[s]);
+      }
+      double sum = 0;
+      for (int32_t s = 0; s < limit; ++s) sum += (sc[s] = std::exp(sc[s] - mx));
+      double* o = out.data() + (static_cast<size_t>(t) * c.group + g) * c.hd;
+      for (int32_t s = 0; s < limit; ++s) {
+        const double p = sc[s] / sum;
+        for (int32_t d = 0; d < c.hd; ++d) o[d] += p * st.v(s)[d];
+        if (mass) (*mass)[s] += p;
+      }
+    }
+  }
+}
+
+// Runs the kernel with padded q/out strides, a misaligned NaN-filled scratch with a canary after it, and
+// checks that padding and canary are untouched. Returns out as [(t * group + g) * hd + d].
+std::vector<float> run_kernel(const char* isa, const Stream& st, const std::vector<float>& q, int64_t q_stride,
+                              float* key_mass, int32_t out_pad = 3) {
+  const Config& c = st.config();
+  const int64_t row = static_cast<int64_t>(c.group) * c.hd;
+  const int64_t out_stride = row + out_pad;
+  constexpr float kSentinel = 12345.0f;
+  std::vector<float> out(static_cast<size_t>(c.n_new) * out_stride, kSentinel);
+  const size_t n_scratch = attention_scratch_floats(c.n_new, c.group, c.hd, c.ps);
+  std::vector<float> scratch(n_scratch + 1 + 16, kNaN);
+  for (int i = 0; i < 16; ++i) scratch[n_scratch + 1 + i] = kSentinel;
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = q_stride;
+  a.out = out.data();
+  a.out_stride = out_stride;
+  a.n_new = c.n_new;
+  a.group = c.group;
+  a.scale = c.scale;
+  a.key_mass = key_mass;
+  a.scratch = scratch.data() + 1;  // deliberately not 64-byte aligned
+  if (isa)
+    paged_attention_on(isa, st.view(), a);
+  else
+    paged_attention(st.view(), a);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(scratch[n_scratch + 1 + i], kSentinel) << "scratch overrun";
+  std::vector<float> dense(static_cast<size_t>(c.n_new) * row);
+  for (int32_t t = 0; t < c.n_new; ++t) {
+    std::copy_n(out.data() + t * out_stride, row, dense.data() + t * row);
+    for (int64_t i = row; i < out_stride; ++i) EXPECT_EQ(out[t * out_stride + i], kSentinel) << "out padding written";
+  }
+  return dense;
+}
+
+// q rows [n_new][q_stride], N(0, sigma), with NaN in the stride padding (must never be read).
+std::vector<float> random_q(const Config& c, int64_t q_stride, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, sigma);
+  std::vector<float> q(static_cast<size_t>(c.n_new) * q_stride, kNaN);
+  for (int32_t t = 0; t < c.n_new; ++t)
+    for (int64_t i = 0; i < static_cast<int64_t>(c.group) * c.hd; ++i) q[t * q_stride + i] = nd(rng);
+  return q;
+}
+
+// Max |out - ref|; fails if any output is not finite.
+double max_err(const std::vector<float>& out, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
+    e = std::max(e, std::abs(out[i] - ref[i]));
+  }
+  return e;
+}
+
+Config random_config(int32_t hd, int32_t ps, int32_t group, DType type, std::mt19937& rng) {
+  static constexpr int32_t kNew[] = {1, 2, 7, 16, 33};
+  Config c;
+  c.hd = hd;
+  c.ps = ps;
+  c.group = group;
+  c.type = type;
+  c.n_new = kNew[rng() % 5];
+  const int32_t kind = static_cast<int32_t>(rng() % 4);
+  if (kind == 0)
+    c.n_slots = c.n_new;  // prefill from an empty cache
+  else if (kind == 1)
+    c.n_slots = c.n_new + static_cast<int32_t>(rng() % 40);
+  else
+    c.n_slots = c.n_new + static_cast<int32_t>(rng() % 300);
+  c.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  return c;
+}
+
+class AttentionIsa : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!attention_isa_available(GetParam())) GTEST_SKIP() << GetParam() << " not available on this CPU";
+  }
+};
+
+TEST_P(AttentionIsa, MatchesNaiveReference) {
+  std::mt19937 rng(1234);
+  int cases = 0;
+  double worst = 0;
+  for (DType type : {DType::F32, DType::F16})
+    for (int32_t hd : {8, 16, 32, 64, 80, 128})
+      for (int32_t ps : {1, 4, 16, 32})
+        for (int32_t group : {1, 2, 4, 8})
+          for (int rep = 0; rep < 2; ++rep) {
+            const Config c = random_config(hd, ps, group, type, rng);
+            SCOPED_TRACE(describe(c));
+            Stream st(c, rng);
+            st.fill_random(rng);
+            const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd + (rng() % 2) * 5;
+            const auto q = random_q(c, q_stride, 4.0f, rng);  // scores ~ N(0, 2.3^2)
+            std::vector<double> ref;
+            reference(st, q, q_stride, ref, nullptr);
+            const double err = max_err(run_kernel(GetParam(), st, q, q_stride, nullptr), ref);
+            ASSERT_LE(err, kOutTol);
+            worst = std::max(worst, err);
+            ++cases;
+          }
+  std::printf("[%s] %d cases, max |out - ref| = %.3g\n", GetParam(), cases, worst);
+}
+
+TEST_P(AttentionIsa, LongDecodeMatchesReference) {
+  std::mt19937 rng(99);
+  double worst = 0;
+  for (DType type : {DType::F32, DType::F16})
+    for (int32_t n_slots : {1000, 2049})
+      for (int32_t group : {2, 8}) {
+        Config c;
+        c.hd = 128;
+        c.ps = 16;
+        c.group = group;
+        c.type = type;
+        c.n_slots = n_slots;
+        c.n_new = 1;
+        c.scale = 1.0f / std::sqrt(128.0f);
+        SCOPED_TRACE(describe(c));
+        Stream st(c, rng);
+        st.fill_random(rng);
+        const auto q = random_q(c, c.group * c.hd, 4.0f, rng);
+        std::vector<double> ref;
+        reference(st, q, c.group * c.hd, ref, nullptr);
+        const double err = max_err(run_kernel(GetParam(), st, q, c.group * c.hd, nullptr), ref);
+        ASSERT_LE(err, kOutTol);
+        worst = std::max(worst, err);
+      }
+  std::printf("[%s] long decode: max |out - ref| = %.3g\n", GetParam(), worst);
+}
+
+TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
+  std::mt19937 rng(777);
+  for (int i = 0; i < 60; ++i) {
+    static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
+    static constexpr int32_t kPs[] = {1, 4, 16, 32};
+    static constexpr int32_t kGroup[] = {1, 2, 4, 8};
+    const Config c =
+        random_config(kHd[rng() % 6], kPs[rng() % 4], kGroup[rng() % 4], rng() % 2 ? DType::F16 : DType::F32, rng);
+    SCOPED_TRACE(describe(c));
+    Stream st(c, rng);
+    st.fill_random(rng);
+    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
+    const auto q = random_q(c, q_stride, 4.0f, rng);
+    // key_mass starts non-zero: the kernel must add to it.
+    std::vector<float> mass(c.n_slots);
+    for (auto& m : mass) m = static_cast<float>(rng() % 4);
+    std::vector<double> ref_mass(mass.begin(), mass.end());
+    std::vector<double> ref;
+    reference(st, q, q_stride, ref, &ref_mass);
+    const auto out = run_kernel(GetParam(), st, q, q_stride, mass.data());
+    ASSERT_LE(max_err(out, ref), kOutTol);
+    // The output must not depend on whether key_mass was requested.
+    const auto out_plain = run_kernel(GetParam(), st, q, q_stride, nullptr);
+    ASSERT_EQ(0, std::memcmp(out.data(), out_plain.data(), out.size() * sizeof(float)));
+    double total = 0;
+    for (int32_t s = 0; s < c.n_slots; ++s) {
+      ASSERT_NEAR(mass[s], ref_mass[s], kMassTol * (1 + ref_mass[s])) << "slot " << s;
+      total += mass[s];
+    }
+    const double expect_total = std::accumulate(ref_mass.begin(), ref_mass.end(), 0.0);
+    EXPECT_NEAR(total, expect_total, 1e-4 * expect_total);
+  }
+}
+
+// Scores of magnitude ~1e4 (exp overflows / underflows in f32 and in double without max subtraction).
+// Small-integer q and k with scale 1 make every f32 dot product exact, so the tight tolerance still holds.
+TEST_P(AttentionIsa, ExtremeScoresStayFinite) {
+  std::mt19937 rng(4242);
+  for (int i = 0; i < 24; ++i) {
+    Config c;
+    c.hd = (i % 3 == 0) ? 8 : (i % 3 == 1 ? 64 : 128);
+    c.ps = (i % 2) ? 16 : 4;
+    c.group = 1 << (i % 4);
+    c.type = (i % 2) ? DType::F16 : DType::F32;
+    c.n_new = (i % 4 == 0) ? 7 : 1;
+    c.n_slots = 50 + static_cast<int32_t>(rng() % 200);
+    c.scale = 1.0f;
+    SCOPED_TRACE(describe(c) + " case " + std::to_string(i));
+    Stream st(c, rng);
+    const bool all_negative = i % 2 == 1;  // every score hugely negative: naive exp underflows to 0/0
+    std::vector<float> k(c.hd), v(c.hd);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int32_t s = 0; s < c.n_slots; ++s) {
+      for (int32_t d = 0; d < c.hd; ++d) {
+        k[d] = all_negative ? static_cast<float>(1 + rng() % 4) : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        v[d] = u(rng);
+      }
+      st.set_slot(s, k.data(), v.data());
+    }
+    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
+    std::vector<float> q(static_cast<size_t>(c.n_new) * q_stride);
+    for (auto& x : q)
+      x = all_negative ? -static_cast<float>(16 + rng() % 64) : static_cast<float>(static_cast<int>(rng() % 129) - 64);
+    std::vector<double> ref;
+    std::vector<double> ref_mass(c.n_slots, 0.0);
+    reference(st, q, q_stride, ref, &ref_mass);
+    std::vector<float> mass(c.n_slots, 0.0f);
+    const auto out = run_kernel(GetParam(), st, q, q_stride, mass.data());
+    ASSERT_LE(max_err(out, ref), kOutTol);
+    for (int32_t s = 0; s < c.n_slots; ++s) ASSERT_NEAR(mass[s], ref_mass[s], kMassTol * (1 + ref_mass[s]));
+  }
+}
+
+// Query token t must not use slots >= n_slots - n_new + t + 1, even when they hold NaN or Inf (0 * Inf
+// would poison it), and no slot >= n_slots is ever read (the pool is NaN-filled around every stream).
+TEST_P(AttentionIsa, CausalSlotsBeyondLimitAreNeverUsed) {
+  std::mt19937 rng(31337);
+  for (int i = 0; i < 40; ++i) {
+    static constexpr int32_t kHd[] = {8, 16, 64, 80, 128};
+    static constexpr int32_t kPs[] = {1, 4, 16, 32};
+    Config c;
+    c.hd = kHd[rng() % 5];
+    c.ps = kPs[rng() % 4];
+    c.group = 1 << (rng() % 4);
+    c.type = rng() % 2 ? DType::F16 : DType::F32;
+    c.n_new = 2 + static_cast<int32_t>(rng() % 40);
+    c.n_slots = c.n_new + static_cast<int32_t>(rng() % 100);
+    c.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    SCOPED_TRACE(describe(c));
+    Stream st(c, rng);
+    st.fill_random(rng);
+    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
+    const auto q = random_q(c, q_stride, 4.0f, rng);
+    const auto before = run_kernel(GetParam(), st, q, q_stride, nullptr);
+    const int32_t t_star = static_cast<int32_t>(rng() % (c.n_new - 1));  // tokens <= t_star stay clean
+    const float poison = (i % 2) ? kNaN : std::numeric_limits<float>::infinity();
+    std::vector<float> bad(c.hd, poison);
+    for (int32_t s = c.n_slots - c.n_new + t_star + 1; s < c.n_slots; ++s) st.set_slot(s, bad.data(), bad.data());
+    std::vector<float> mass(c.n_slots, 0.0f);
+    const auto after = run_kernel(GetParam(), st, q, q_stride, mass.data());
+    const size_t clean = static_cast<size_t>(t_star + 1) * c.group * c.hd;
+    for (size_t j = 0; j < clean; ++j) {
+      ASSERT_TRUE(std::isfinite(after[j])) << "index " << j;
+      ASSERT_EQ(before[j], after[j]) << "index " << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, AttentionIsa, ::testing::Values("scalar", "avx2", "avx512"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(Attention, PathsAgreeAndDefaultPathWorks) {
+  const std::string isa = attention_isa();
+  EXPECT_TRUE(isa == "scalar" || isa == "avx2" || isa == "avx512") << isa;
+  EXPECT_TRUE(attention_isa_available(isa.c_str()));
+  EXPECT_TRUE(attention_isa_available("scalar"));
+  EXPECT_FALSE(attention_isa_available("sse9"));
+  EXPECT_FALSE(attention_isa_available(nullptr));
+  std::printf("default attention path: %s\n", isa.c_str());
+
+  std::mt19937 rng(5);
+  Config c;
+  c.hd = 64;
+  c.ps = 16;
+  c.group = 4;
+  c.n_slots = 77;
+  c.n_new = 5;
+  c.scale = 0.125f;
+  Stream st(c, rng);
+  st.fill_random(rng);
+  const auto q = random_q(c, c.group * c.hd, 4.0f, rng);
+  std::vector<double> ref;
+  reference(st, q, c.group * c.hd, ref, nullptr);
+  EXPECT_LE(max_err(run_kernel(nullptr, st, q, c.group * c.hd, nullptr), ref), kOutTol);
+  EXPECT_THROW(run_kernel("sse9", st, q, c.group * c.hd, nullptr), std::invalid_argument);
+}
+
+// The forward pass sizes one scratch buffer per thread for its largest token block and page size.
+TEST(Attention, ScratchSizeIsMonotone) {
+  for (int32_t group : {1, 2, 3, 8, 16, 64})
+    for (int32_t hd : {8, 64, 80, 128, 256})
+      for (int32_t ps : {1, 4, 16, 32, 64})
+        for (int32_t n = 1; n < 80; ++n) {
+          const size_t s = attention_scratch_floats(n, group, hd, ps);
+          ASSERT_LE(s, attention_scratch_floats(n + 1, group, hd, ps));
+          ASSERT_LE(s, attention_scratch_floats(n, group, hd, ps + 1));
+          ASSERT_LE(s, attention_scratch_floats(n, group, hd + 1, ps));
+          ASSERT_LE(s, attention_scratch_floats(n, group + 1, hd, ps));
+        }
+}
+
+TEST(Attention, RejectsInvalidArguments) {
+  std::mt19937 rng(6);
+  Config c;
+  c.hd = 16;
+  c.n_slots = 4;
+  c.n_new = 2;
+  Stream st(c, rng);
+  st.fill_random(rng);
+  std::vector<float> q(64), out(64), scratch(attention_scratch_floats(8, 1, 16, 16));
+  AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = 16;
+  a.out = out.data();
+  a.out_stride = 16;
+  a.n_new = 2;
+  a.scratch = scratch.data();
+  KvStreamView kv = st.view();
+  EXPECT_NO_THROW(paged_attention(kv, a));
+  KvStreamView bad_type = kv;
+  bad_type.kv_type = DType::BF16;
+  EXPECT_THROW(paged_attention(bad_type, a), std::invalid_argument);
+  AttentionArgs too_many = a;
+  too_many.n_new = 5;
+  EXPECT_THROW(paged_attention(kv, too_many), std::invalid_argument);
+  AttentionArgs no_scratch = a;
+  no_scratch.scratch = nullptr;
+  EXPECT_THROW(paged_attention(kv, no_scratch), std::invalid_argument);
+  // n_new == 0 is a no-op.
+  AttentionArgs none = a;
+  none.n_new = 0;
+  std::fill(out.begin(), out.end(), 7.0f);
+  EXPECT_NO_THROW(paged_attention(kv, none));
+  EXPECT_EQ(out[0], 7.0f);
+}
+
+}  // namespace
+}  // namespace kvpack::kernels

@@ -1,0 +1,232 @@
+// `kvpack bench kv`: what compression does to KV memory and decode speed, measured side by side.
+//
+//  1. Timeline: the same seeded token stream is fed through the real model three times — full KV,
+//     naive eviction (holes, no compaction) and compaction — in chunks of --chunk tokens (<= the
+//     compression interval, so compression runs on the same schedule as during decode). Resident KV
+//     bytes after every chunk go to kv_timeline.csv (and kv_timeline.png via scripts/plot_kv_timeline.py).
+//     Reports reclaim efficiency (freed bytes / evicted bytes) and compaction time as a share of the run.
+//  2. Decode speed at depth: a sequence is filled to each depth with synthetic K/V (decode cost does not
+//     depend on K/V values, and this avoids minutes of prefill per depth), then --decode-tokens tokens are
+//     decoded with full KV and with the compressed cache (budget slots, compressor active), in one run.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "commands.h"
+#include "compress/compressor.h"
+#include "options.h"
+#include "util/half.h"
+
+namespace kvpack::cli {
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct BenchKvOptions {
+  int32_t tokens = 8192, chunk = 64, budget = 2048, interval = 128, decode_tokens = 32;
+  std::string policy = "triattention", calib, out = "bench-kv";
+  std::vector<int32_t> depths = {2048, 8192, 16384};
+  uint64_t seed = 1;
+};
+
+struct Timeline {
+  std::vector<int64_t> bytes;  // resident KV after each chunk
+  compress::CompressionStats stats;
+  double seconds = 0;
+};
+
+Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_t chunk, const compress::CompressConfig* kv) {
+  Timeline tl;
+  auto seq = engine.new_sequence();
+  std::unique_ptr<compress::SequenceCompressor> comp;
+  if (kv) comp = std::make_unique<compress::SequenceCompressor>(*kv, engine.model().config(), engine.calibration(), 1, &engine.threads());
+  const double t0 = now_s();
+  for (size_t i = 0; i < stream.size(); i += static_cast<size_t>(chunk)) {
+    const size_t n = std::min(stream.size() - i, static_cast<size_t>(chunk));
+    BatchItem item;
+    item.kv = seq.get();
+    item.tokens = std::span<const int32_t>(stream.data() + i, n);
+    if (comp) comp->prepare(*seq, item);
+    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp.get())) throw std::runtime_error("KV pool exhausted");
+    if (comp) comp->after_forward(*seq, false);
+    tl.bytes.push_back(seq->pages_held() * static_cast<int64_t>(engine.pool().page_bytes()));
+    if ((i / static_cast<size_t>(chunk)) % 16 == 15)
+      std::fprintf(stderr, "\r[kvpack]   %zu/%zu tokens", i + n, stream.size());
+  }
+  std::fprintf(stderr, "\n");
+  tl.seconds = now_s() - t0;
+  if (comp) tl.stats = comp->stats();
+  return tl;
+}
+
+// Fills every stream of `seq` with `n` synthetic slots (random K/V of a plausible scale).
+void fill_synthetic(kv::SequenceKv& seq, int32_t n, std::mt19937& rng) {
+  if (!seq.append(n, 0)) throw std::runtime_error("KV pool exhausted while filling to depth " + std::to_string(n));
+  const auto& cfg = seq.pool().config();
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(cfg.head_dim));
+  for (int32_t s = 0; s < seq.n_streams(); ++s)
+    for (int32_t j = 0; j < n; ++j)
+      for (int kind = 0; kind < 2; ++kind) {
+        for (float& v : row) v = nd(rng);
+        uint8_t* dst = kind == 0 ? seq.k_slot(s, j) : seq.v_slot(s, j);
+        if (cfg.kv_type == DType::F16) {
+          auto* h = reinterpret_cast<uint16_t*>(dst);
+          for (size_t e = 0; e < row.size(); ++e) h[e] = f32_to_fp16(row[e]);
+        } else {
+          std::memcpy(dst, row.data(), row.size() * 4);
+        }
+      }
+}
+
+double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compress::SequenceCompressor* comp, std::mt19937& rng) {
+  const int32_t V = engine.model().config().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(V));
+  int32_t tok = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+  const double t0 = now_s();
+  for (int32_t i = 0; i < n_tokens; ++i) {
+    BatchItem item;
+    item.kv = &seq;
+    item.tokens = std::span<const int32_t>(&tok, 1);
+    item.logits = logits.data();
+    if (comp) comp->prepare(seq, item);
+    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
+    if (comp) comp->after_forward(seq, false);
+    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  return n_tokens / (now_s() - t0);
+}
+
+}  // namespace
+
+void add_bench_kv(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("kv", "KV memory timeline (full / naive eviction / compaction) and decode speed at depth");
+  auto o = std::make_shared<ModelOptions>();
+  auto b = std::make_shared<BenchKvOptions>();
+  o->kv_type = "f16";
+  add_model_options(*cmd, *o);
+  cmd->add_option("--tokens", b->tokens, "Tokens in the timeline runs");
+  cmd->add_option("--chunk", b->chunk, "Tokens per forward in the timeline runs (<= interval)");
+  cmd->add_option("--budget", b->budget, "KV budget (slots per stream)");
+  cmd->add_option("--interval", b->interval, "Compression interval");
+  cmd->add_option("--policy", b->policy, "Compression policy for the compaction run");
+  cmd->add_option("--kv-calib", b->calib, "TriAttention calibration (default: computed on the bench's own first tokens)");
+  cmd->add_option("--depths", b->depths, "Depths for the decode-speed comparison")->delimiter(',');
+  cmd->add_option("--decode-tokens", b->decode_tokens, "Tokens decoded per speed measurement");
+  cmd->add_option("--out", b->out, "Output directory (CSV, plot)");
+  cmd->add_option("--seed", b->seed, "Seed of the token stream");
+  cmd->callback([o, b] {
+    if (b->chunk > b->interval) throw std::invalid_argument("--chunk must be <= --interval");
+    auto model = load_model(*o);
+    const ModelConfig& c = model->config();
+    const int32_t ps = o->page_size;
+    const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
+    int32_t max_depth = b->tokens;
+    for (int32_t d : b->depths) max_depth = std::max(max_depth, d);
+    EngineOptions eo = engine_options(*o);
+    eo.kv_pages = streams * ((max_depth + 256 + ps - 1) / ps + 2);
+    eo.max_batch_tokens = std::max(eo.max_batch_tokens, b->chunk);
+    Engine engine(*model, eo);
+    std::filesystem::create_directories(b->out);
+    std::mt19937 rng(static_cast<uint32_t>(b->seed));
+    std::vector<int32_t> stream(static_cast<size_t>(b->tokens));
+    for (auto& t : stream) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.n_vocab));
+    if (model->tokenizer().bos() >= 0) stream[0] = model->tokenizer().bos();
+
+    compress::CompressConfig kv;
+    kv.policy = compress::parse_policy(b->policy);
+    kv.budget = b->budget;
+    kv.interval = b->interval;
+    if (compress::policy_needs_calibration(kv.policy)) {
+      if (!b->calib.empty()) {
+        engine.set_calibration(compress::QueryStats::load(b->calib, c));
+      } else {
+        compress::Calibrator cal(c);
+        auto seq = engine.new_sequence();
+        const size_t n = std::min<size_t>(stream.size(), 1024);
+        for (size_t i = 0; i < n; i += static_cast<size_t>(eo.max_batch_tokens)) {
+          BatchItem item;
+          item.kv = seq.get();
+          item.tokens = std::span<const int32_t>(stream.data() + i, std::min(n - i, static_cast<size_t>(eo.max_batch_tokens)));
+          engine.forward().run(std::span<BatchItem>(&item, 1), &cal);
+        }
+        engine.set_calibration(cal.finish());
+        std::fprintf(stderr, "[kvpack] calibrated %s on the first %zu tokens of the bench stream\n", b->policy.c_str(), n);
+      }
+    }
+    std::printf("# kvpack bench kv: model %s (%s%s), %d tokens, chunk %d, budget %d, interval %d, policy %s, KV %s, %d threads\n",
+                c.name.c_str(), c.arch.c_str(), c.random_weights ? ", random weights" : "", b->tokens, b->chunk, b->budget,
+                b->interval, b->policy.c_str(), o->kv_type.c_str(), o->threads);
+    std::fprintf(stderr, "[kvpack] timeline: full KV\n");
+    const Timeline full = run_timeline(engine, stream, b->chunk, nullptr);
+    compress::CompressConfig naive = kv;
+    naive.naive = true;
+    std::fprintf(stderr, "[kvpack] timeline: naive eviction\n");
+    const Timeline hole = run_timeline(engine, stream, b->chunk, &naive);
+    std::fprintf(stderr, "[kvpack] timeline: compaction\n");
+    const Timeline comp = run_timeline(engine, stream, b->chunk, &kv);
+    {
+      std::ofstream csv(b->out + "/kv_timeline.csv");
+      csv << "tokens,full_bytes,naive_bytes,compaction_bytes\n";
+      for (size_t i = 0; i < full.bytes.size(); ++i)
+        csv << std::min<size_t>((i + 1) * static_cast<size_t>(b->chunk), stream.size()) << "," << full.bytes[i] << "," << hole.bytes[i]
+            << "," << comp.bytes[i] << "\n";
+    }
+    auto peak = [](const Timeline& t) { return *std::max_element(t.bytes.begin(), t.bytes.end()); };
+    std::printf("timeline full:       peak %lld bytes, final %lld bytes, %.1f s\n", static_cast<long long>(peak(full)),
+                static_cast<long long>(full.bytes.back()), full.seconds);
+    std::printf("timeline naive:      peak %lld bytes, final %lld bytes, evicted %llu bytes, freed %llu bytes, reclaim efficiency %.3f\n",
+                static_cast<long long>(peak(hole)), static_cast<long long>(hole.bytes.back()),
+                static_cast<unsigned long long>(hole.stats.evicted_bytes), static_cast<unsigned long long>(hole.stats.freed_bytes),
+                hole.stats.reclaim_efficiency());
+    std::printf("timeline compaction: peak %lld bytes, final %lld bytes, evicted %llu bytes, freed %llu bytes, reclaim efficiency %.3f\n",
+                static_cast<long long>(peak(comp)), static_cast<long long>(comp.bytes.back()),
+                static_cast<unsigned long long>(comp.stats.evicted_bytes), static_cast<unsigned long long>(comp.stats.freed_bytes),
+                comp.stats.reclaim_efficiency());
+    std::printf("compaction: %lld events, %.1f ms per event (scoring %.1f ms), %.2f%% of the compaction run's time\n",
+                static_cast<long long>(comp.stats.events), comp.stats.events ? 1e3 * comp.stats.seconds / comp.stats.events : 0.0,
+                comp.stats.events ? 1e3 * comp.stats.score_seconds / comp.stats.events : 0.0,
+                100.0 * comp.stats.seconds / comp.seconds);
+    std::printf("memory ratio full/compaction at the end: %.2fx\n", static_cast<double>(full.bytes.back()) / comp.bytes.back());
+
+    // Decode speed at depth, full vs compressed, measured back to back.
+    double step_time_at_budget = 0;
+    for (int32_t depth : b->depths) {
+      std::mt19937 r2(static_cast<uint32_t>(b->seed + depth));
+      auto f = engine.new_sequence();
+      fill_synthetic(*f, depth, r2);
+      const double full_tps = decode_tok_s(engine, *f, b->decode_tokens, nullptr, r2);
+      f.reset();
+      auto s = engine.new_sequence();
+      fill_synthetic(*s, std::min(depth, b->budget), r2);
+      compress::SequenceCompressor cs(kv, c, engine.calibration(), 1, &engine.threads());
+      const double comp_tps = decode_tok_s(engine, *s, b->decode_tokens, &cs, r2);
+      if (depth == std::min(depth, b->budget)) step_time_at_budget = 1.0 / comp_tps;
+      std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f\n", depth, full_tps, b->budget, comp_tps,
+                  comp_tps / full_tps);
+      std::fflush(stdout);
+    }
+    if (comp.stats.events > 0 && step_time_at_budget > 0) {
+      const double per_event = comp.stats.seconds / comp.stats.events;
+      std::printf("compaction share of decode time (one event per %d decoded tokens at ~budget depth): %.2f%%\n", b->interval,
+                  100.0 * per_event / (per_event + b->interval * step_time_at_budget));
+    }
+    const std::string plot = "python3 scripts/plot_kv_timeline.py " + b->out + "/kv_timeline.csv " + b->out + "/kv_timeline.png";
+    if (std::system((plot + " 2>/dev/null").c_str()) == 0) std::printf("plot: %s/kv_timeline.png\n", b->out.c_str());
+  });
+}
+
+void add_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks (ratios measured side by side in one run)");
+  bench->require_subcommand(1);
+  add_bench_kv(*bench);
+}
+
+}  // namespace kvpack::cli
