@@ -109,9 +109,19 @@ void SequenceCompressor::score_triattention(const kv::SequenceKv& kv) {
     std::vector<float>& out = scores_[static_cast<size_t>(s)];
     out.assign(static_cast<size_t>(n), -INFINITY);
     std::vector<float> tmp(static_cast<size_t>(n));
+    std::vector<float> live_tmp;
     for (int32_t g = 0; g < G; ++g) {
       score_triattention_head(kv, mc_, *qstats_, layer, h, h * G + g, C, S, tmp);
-      z_normalize(tmp);
+      if (cfg_.naive) {  // z-normalise over live slots only (holes are not candidates)
+        live_tmp.clear();
+        for (int32_t j = 0; j < n; ++j)
+          if (!kv.is_hole(s, j)) live_tmp.push_back(tmp[static_cast<size_t>(j)]);
+        z_normalize(live_tmp);
+        for (int32_t j = 0, i = 0; j < n; ++j)
+          if (!kv.is_hole(s, j)) tmp[static_cast<size_t>(j)] = live_tmp[static_cast<size_t>(i++)];
+      } else {
+        z_normalize(tmp);
+      }
       for (int32_t j = 0; j < n; ++j) out[static_cast<size_t>(j)] = std::max(out[static_cast<size_t>(j)], tmp[static_cast<size_t>(j)]);
     }
   };
@@ -158,6 +168,10 @@ void SequenceCompressor::score_window_policy(const kv::SequenceKv& kv) {
           tmp.resize(static_cast<size_t>(n));
           float mx = -INFINITY;
           for (int32_t j = 0; j < n; ++j) {
+            if (kv.is_hole(s, j)) {
+              tmp[static_cast<size_t>(j)] = -INFINITY;
+              continue;
+            }
             load_key(kv, s, j, k.data());
             float d = 0;
             for (int32_t e = 0; e < hd; ++e) d += qh[e] * k[static_cast<size_t>(e)];
@@ -276,22 +290,25 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   }
   auto n_live = [&](int32_t s) { return static_cast<int32_t>(live_[static_cast<size_t>(s)].size()); };
   if (cfg_.split == BudgetSplit::Ada) {
+    // Each layer's KV heads pool n_kv_heads * budget slots (their counts may differ after earlier events).
     std::vector<std::vector<int32_t>> layer_keeps;
+    std::vector<std::span<const float>> sc;
+    std::vector<Protection> prots;
+    std::vector<std::vector<int32_t>> pos_copies;
     for (int32_t l = 0; l < mc_.n_layer; ++l) {
-      const int32_t n = n_live(kv.stream_index(l, 0));
-      bool same = true;
-      for (int32_t h = 1; h < mc_.n_head_kv; ++h) same &= n_live(kv.stream_index(l, h)) == n;
-      if (!same) {
-        // Heads of a layer hold different counts after earlier Ada events: each keeps the plain budget.
-        for (int32_t h = 0; h < mc_.n_head_kv; ++h) {
-          const int32_t s = kv.stream_index(l, h);
-          select_keep(scores_[static_cast<size_t>(s)], n_live(s), cfg_.budget, prot_for(s), stream_positions(s), keeps_[static_cast<size_t>(s)]);
-        }
-        continue;
+      sc.clear();
+      prots.clear();
+      pos_copies.clear();
+      for (int32_t h = 0; h < mc_.n_head_kv; ++h) {
+        const int32_t s = kv.stream_index(l, h);
+        sc.emplace_back(scores_[static_cast<size_t>(s)]);
+        prots.push_back(prot_for(s));
+        const auto p = stream_positions(s);
+        pos_copies.emplace_back(p.begin(), p.end());
       }
-      std::vector<std::span<const float>> sc;
-      for (int32_t h = 0; h < mc_.n_head_kv; ++h) sc.emplace_back(scores_[static_cast<size_t>(kv.stream_index(l, h))]);
-      select_ada(sc, n, cfg_.budget, prot_for(kv.stream_index(l, 0)), stream_positions(kv.stream_index(l, 0)), kAdaAlpha, layer_keeps);
+      std::vector<std::span<const int32_t>> pos;
+      for (const auto& p : pos_copies) pos.emplace_back(p);
+      select_ada(sc, cfg_.budget, prots, pos, kAdaAlpha, layer_keeps);
       for (int32_t h = 0; h < mc_.n_head_kv; ++h) keeps_[static_cast<size_t>(kv.stream_index(l, h))] = layer_keeps[static_cast<size_t>(h)];
     }
   } else {

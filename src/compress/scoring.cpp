@@ -96,6 +96,7 @@ void window_logits(const kv::SequenceKv& kv, const ModelConfig& c, int32_t layer
   logits.assign(static_cast<size_t>(w) * n, -INFINITY);
   std::vector<float> k(static_cast<size_t>(hd));
   for (int32_t j = 0; j < n; ++j) {
+    if (kv.is_hole(stream, j)) continue;  // never attended: stays -inf, gets no probability
     load_key(kv, stream, j, k.data());
     for (int32_t i = 0; i < w; ++i)
       for (int32_t g = 0; g < G; ++g) {
@@ -135,10 +136,15 @@ void snapkv_from_logits(std::span<const float> logits, int32_t w, int32_t n, int
 }
 
 void rkv_redundancy(const kv::SequenceKv& kv, int32_t stream, int32_t n, int32_t w_keys, std::span<float> out) {
+  // As the reference (triattention repo, baselines/utils.py cal_similarity, sliced [:, :-w]): the
+  // similarity matrix covers ALL n keys (window rows count in the column means, the softmax runs over
+  // all n columns); each row's newest near-duplicate (cos > 0.5) is exempted, and a row without one
+  // zeroes column 0 (the reference takes max() of an empty index set as 0). Holes count as zero keys.
   const int32_t m = std::max(0, n - w_keys);
   const int32_t hd = kv.pool().config().head_dim;
-  std::vector<float> keys(static_cast<size_t>(m) * hd);
-  for (int32_t j = 0; j < m; ++j) {
+  std::vector<float> keys(static_cast<size_t>(n) * hd, 0.0f);
+  for (int32_t j = 0; j < n; ++j) {
+    if (kv.is_hole(stream, j)) continue;
     float* k = keys.data() + static_cast<size_t>(j) * hd;
     load_key(kv, stream, j, k);
     double ss = 0;
@@ -146,13 +152,12 @@ void rkv_redundancy(const kv::SequenceKv& kv, int32_t stream, int32_t n, int32_t
     const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
     for (int32_t e = 0; e < hd; ++e) k[e] *= inv;
   }
-  // Column means of the similarity matrix, with each row's newest near-duplicate exempted.
-  std::vector<double> col(static_cast<size_t>(m), 0.0);
-  std::vector<float> row(static_cast<size_t>(m));
-  for (int32_t i = 0; i < m; ++i) {
+  std::vector<double> col(static_cast<size_t>(n), 0.0);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
     const float* ki = keys.data() + static_cast<size_t>(i) * hd;
-    int32_t newest = -1;
-    for (int32_t j = 0; j < m; ++j) {
+    int32_t newest = 0;
+    for (int32_t j = 0; j < n; ++j) {
       float d = 0;
       if (j != i) {
         const float* kj = keys.data() + static_cast<size_t>(j) * hd;
@@ -161,15 +166,15 @@ void rkv_redundancy(const kv::SequenceKv& kv, int32_t stream, int32_t n, int32_t
       }
       row[static_cast<size_t>(j)] = d;
     }
-    if (newest >= 0) row[static_cast<size_t>(newest)] = 0.0f;
-    for (int32_t j = 0; j < m; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
+    row[static_cast<size_t>(newest)] = 0.0f;
+    for (int32_t j = 0; j < n; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
   }
   double mx = -1e300;
-  for (int32_t j = 0; j < m; ++j) mx = std::max(mx, col[static_cast<size_t>(j)] / m);
+  for (int32_t j = 0; j < n; ++j) mx = std::max(mx, col[static_cast<size_t>(j)] / n);
   double sum = 0;
-  for (int32_t j = 0; j < m; ++j) sum += std::exp(col[static_cast<size_t>(j)] / m - mx);
+  for (int32_t j = 0; j < n; ++j) sum += std::exp(col[static_cast<size_t>(j)] / n - mx);
   for (int32_t j = 0; j < n; ++j)
-    out[static_cast<size_t>(j)] = j < m ? static_cast<float>(std::exp(col[static_cast<size_t>(j)] / m - mx) / sum) : 0.0f;
+    out[static_cast<size_t>(j)] = j < m ? static_cast<float>(std::exp(col[static_cast<size_t>(j)] / n - mx) / sum) : 0.0f;
 }
 
 }  // namespace kvpack::compress

@@ -56,8 +56,8 @@ std::vector<int32_t> pyramid_budgets(int32_t budget, int32_t n_layers, int32_t n
   return out;
 }
 
-void select_ada(std::span<const std::span<const float>> scores, int32_t n, int32_t budget, const Protection& prot,
-                std::span<const int32_t> positions, float alpha, std::vector<std::vector<int32_t>>& keeps) {
+void select_ada(std::span<const std::span<const float>> scores, int32_t budget, std::span<const Protection> prot,
+                std::span<const std::span<const int32_t>> positions, float alpha, std::vector<std::vector<int32_t>>& keeps) {
   const auto H = static_cast<int32_t>(scores.size());
   keeps.assign(static_cast<size_t>(H), {});
   const int32_t n_safe = std::max(1, static_cast<int32_t>(alpha * static_cast<float>(budget)));
@@ -70,7 +70,9 @@ void select_ada(std::span<const std::span<const float>> scores, int32_t n, int32
   for (int32_t h = 0; h < H; ++h) {
     auto& keep = keeps[static_cast<size_t>(h)];
     std::vector<int32_t> cand;
-    for (int32_t j = 0; j < n; ++j) (is_protected(j, n, prot, positions) ? keep : cand).push_back(j);
+    const auto n = static_cast<int32_t>(scores[static_cast<size_t>(h)].size());
+    for (int32_t j = 0; j < n; ++j)
+      (is_protected(j, n, prot[static_cast<size_t>(h)], positions[static_cast<size_t>(h)]) ? keep : cand).push_back(j);
     sort_best_first(cand, scores[static_cast<size_t>(h)]);
     const size_t safe = std::min(cand.size(), static_cast<size_t>(std::max(0, n_safe)));
     keep.insert(keep.end(), cand.begin(), cand.begin() + static_cast<long>(safe));

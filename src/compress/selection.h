@@ -27,9 +27,11 @@ void select_keep(std::span<const float> scores, int32_t n, int32_t budget, const
 std::vector<int32_t> pyramid_budgets(int32_t budget, int32_t n_layers, int32_t n, int32_t window);
 
 // Ada-KV: one layer's KV heads share n_heads * budget slots. Each head first keeps its protected slots
-// and its own top max(1, alpha * budget); the rest goes to the globally best remaining scores.
-void select_ada(std::span<const std::span<const float>> scores, int32_t n, int32_t budget, const Protection& prot,
-                std::span<const int32_t> positions, float alpha, std::vector<std::vector<int32_t>>& keeps);
+// and its own top max(1, alpha * budget); the rest goes to the globally best remaining scores. Head h
+// has scores[h].size() candidates (heads may differ after earlier events), its own protection and
+// positions (positions[h] may be empty when prompt protection is off).
+void select_ada(std::span<const std::span<const float>> scores, int32_t budget, std::span<const Protection> prot,
+                std::span<const std::span<const int32_t>> positions, float alpha, std::vector<std::vector<int32_t>>& keeps);
 
 // z-normalisation in place (population std, floored at 1e-6), as TriAttention does per query head.
 void z_normalize(std::span<float> x);

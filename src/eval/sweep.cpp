@@ -94,6 +94,8 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
   if (opt.ctx < 2 || opt.ctx > c.n_ctx)
     throw std::invalid_argument("--ctx " + std::to_string(opt.ctx) + " must be in [2, " + std::to_string(c.n_ctx) + "] (the model's context)");
   if (opt.text_path.empty() && !opt.tasks) throw std::invalid_argument("nothing to measure: give --text FILE (KL) and/or --tasks");
+  if (opt.tasks)  // fails here, once, when ctx cannot hold a task (rather than on every row)
+    for (TaskKind k : opt.task_kinds) make_task(k, opt.ctx, sample_seed(opt.seed, k, 0), &tok, opt.task_options);
   if (!opt.out_dir.empty()) fs::create_directories(opt.out_dir);
 
   SweepResult res;

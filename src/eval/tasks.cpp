@@ -110,15 +110,13 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       auto key = [](size_t ai, size_t ni) { return std::string(kAdjectives[ai]) + "-" + kNouns[ni]; };
       const std::string keys[4] = {key(a, b), key(a, b2), key(a2, b), key(a3, b3)};
       const std::vector<int64_t> vals = distinct_numbers(r, 4, 1000000, 10000000);
-      sk.header = "Some special magic numbers are hidden in the following text. Remember them. "
-                  "I will ask you for one of them afterwards.";
+      sk.header = "Some magic numbers are hidden in this text. Remember them.";
       for (int i = 0; i < 4; ++i) {
         const double d = i == 0 && opt.depth >= 0 ? std::clamp(opt.depth, 0.0, 1.0) : r.unit();
-        sk.items.push_back({d, "The special magic number for " + keys[i] + " is: " + std::to_string(vals[static_cast<size_t>(i)]) + "."});
+        sk.items.push_back({d, "The magic number for " + keys[i] + " is: " + std::to_string(vals[static_cast<size_t>(i)]) + "."});
       }
       sk.key_item = 0;
-      sk.question = "What is the special magic number for " + keys[0] + " mentioned in the text?\n"
-                    "The special magic number for " + keys[0] + " is:";
+      sk.question = "What is the magic number for " + keys[0] + "?\nThe magic number for " + keys[0] + " is:";
       sk.answer = " " + std::to_string(vals[0]);
       break;
     }
@@ -126,8 +124,7 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       constexpr int kChains = 2, kHops = 4;
       const std::vector<std::string> names = upper_names(r, kChains * (kHops + 1), 5);
       const std::vector<int64_t> vals = distinct_numbers(r, kChains, 10000, 100000);
-      sk.header = "Memorize the variable assignments in the following text. "
-                  "Each assignment reads VAR NAME = VALUE or VAR NAME = VAR OTHER.";
+      sk.header = "Remember the variables in this text.";
       for (int c = 0; c < kChains; ++c) {
         std::vector<double> d(kHops + 1);
         for (double& x : d) x = r.unit();
@@ -140,7 +137,7 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       }
       sk.key_item = 0;
       const std::string& last = names[kHops];
-      sk.question = "Question: What number does VAR " + last + " hold?\nAnswer: The value of VAR " + last + " is";
+      sk.question = "Question: What is the value of VAR " + last + "?\nAnswer: The value of VAR " + last + " is";
       sk.answer = " " + std::to_string(vals[0]);
       break;
     }
@@ -148,8 +145,7 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       constexpr int kHops = 4, kDistractorChains = 3, kDistractorHops = 4;
       const int n_nodes = (kHops + 1) + kDistractorChains * (kDistractorHops + 1);
       const std::vector<std::string> nodes = upper_names(r, n_nodes, 4);
-      sk.header = "The following text hides links written as A -> B. "
-                  "To follow a link from A, find the line that starts with A.";
+      sk.header = "Links in this text are written A -> B.";
       std::vector<Skeleton::Item> links;
       for (int h = 0; h < kHops; ++h) links.push_back({r.unit(), nodes[static_cast<size_t>(h)] + " -> " + nodes[static_cast<size_t>(h + 1)]});
       for (int c = 0; c < kDistractorChains; ++c) {
@@ -159,7 +155,7 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       }
       sk.items = std::move(links);
       sk.key_item = 0;
-      sk.question = "Question: Start at " + nodes[0] + " and follow " + std::to_string(kHops) + " links. Write the path.\n"
+      sk.question = "Question: Start at " + nodes[0] + " and follow " + std::to_string(kHops) + " links.\n"
                     "Answer: " + nodes[0] + " ->";
       std::string ans;
       for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + nodes[static_cast<size_t>(h)];

@@ -5,7 +5,7 @@
 //
 // Three kinds (formats in docs/quality.md; every string is plain ASCII words, digits and punctuation,
 // so any tokenizer can read them):
-//   needle    multi-key needle retrieval: 4 needles "The special magic number for KEY is: VALUE." in filler
+//   needle    multi-key needle retrieval: 4 needles "The magic number for KEY is: VALUE." in filler
 //             (keys adjective-noun; 3 distractor keys, one sharing the queried key's adjective, one its
 //             noun; 7-digit values); the queried needle's relative depth is swept by the caller.
 //   vartrack  variable tracking: 2 chains "VAR AAAAA = 12345." -> "VAR BBBBB = VAR AAAAA." ... (4 hops,

@@ -59,60 +59,86 @@ struct LdBF16 {
   static __m256 part(const uint8_t* row, int64_t i, int64_t n) { return widen(load_u16_part(row + 2 * i, n)); }
 };
 
-template <class Ld, int T>
-void dot_f(const uint8_t* row, int64_t n, const float* const* xs, float* out) {
-  constexpr int U = T == 1 ? 4 : T == 2 ? 2 : 1;  // >= 4 independent FMA chains
-  __m256 acc[U][T];
+// Rows per call for a tile of T tokens (F kinds): several weight rows share each activation load.
+constexpr int rows_for_f(int T) { return T == 1 ? 4 : 2; }
+
+// out[k * T + t] = dot(rows[k], xs[t]) for k < R, t < T.
+template <class Ld, int R, int T>
+void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float* out) {
+  constexpr int U = R * T <= 2 ? 4 : R * T <= 4 ? 2 : 1;  // unroll: ~8 independent FMA chains (2 FMA ports)
+  __m256 acc[U][R * T];
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
+    for (int j = 0; j < R * T; ++j) acc[u][j] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 * U <= n; i += 8 * U) {
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) {
-      const __m256 w = Ld::full(row, i + 8 * u);
+      __m256 w[R];
 #pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) acc[u][t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + i + 8 * u), acc[u][t]);
+      for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 8 * u);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const __m256 x = _mm256_loadu_ps(xs[t] + i + 8 * u);
+#pragma GCC unroll 4
+        for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm256_fmadd_ps(w[k], x, acc[u][k * T + t]);
+      }
     }
   }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 w = Ld::full(row, i);
+  for (; i < n; i += 8) {  // remaining full vectors, then a partial one
+    const int64_t m = n - i;
+    __m256 w[R];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[0][t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + i), acc[0][t]);
+    for (int k = 0; k < R; ++k) w[k] = m >= 8 ? Ld::full(rows[k], i) : Ld::part(rows[k], i, m);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256 x = m >= 8 ? _mm256_loadu_ps(xs[t] + i) : _mm256_maskload_ps(xs[t] + i, lane_mask(m));
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k) acc[0][k * T + t] = _mm256_fmadd_ps(w[k], x, acc[0][k * T + t]);
+    }
   }
-  if (i < n) {
-    const __m256 w = Ld::part(row, i, n - i);
-    const __m256i m = lane_mask(n - i);
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[0][t] = _mm256_fmadd_ps(w, _mm256_maskload_ps(xs[t] + i, m), acc[0][t]);
-  }
+  for (int j = 0; j < R * T; ++j) {
+    __m256 s = acc[0][j];
 #pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    __m256 s = acc[0][t];
-#pragma GCC unroll 4
-    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][t]);
-    out[t] = hsum(s);
+    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][j]);
+    out[j] = hsum(s);
   }
 }
 
-using DotF = void (*)(const uint8_t*, int64_t, const float* const*, float*);
+template <class Ld, int T>
+void rows_tile_f(const RowsArgs& a, const float* const* xs, float* y) {
+  constexpr int R = rows_for_f(T);
+  int64_t r = a.r0;
+  for (; r + R <= a.r1; r += R) {
+    const uint8_t* rows[R];
+    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
+    float out[R * T];
+    dot_f<Ld, R, T>(rows, a.n_in, xs, out);
+    for (int k = 0; k < R; ++k)
+      for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
+  }
+  for (; r < a.r1; ++r) {
+    const uint8_t* row = a.W + r * a.row_bytes;
+    float out[T];
+    dot_f<Ld, 1, T>(&row, a.n_in, xs, out);
+    for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
+  }
+}
+
+using TileF = void (*)(const RowsArgs&, const float* const*, float*);
 
 template <class Ld>
 void rows_f(const RowsArgs& a) {
-  static constexpr DotF kDot[kTile] = {dot_f<Ld, 1>, dot_f<Ld, 2>, dot_f<Ld, 3>, dot_f<Ld, 4>};
+  static constexpr TileF kTileFn[kTile] = {rows_tile_f<Ld, 1>, rows_tile_f<Ld, 2>, rows_tile_f<Ld, 3>,
+                                           rows_tile_f<Ld, 4>};
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
     const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
     const float* xs[kTile];
     for (int t = 0; t < nt; ++t)
       xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
-    float* y = a.y + t0 * a.y_stride;
-    const DotF dot = kDot[nt - 1];
-    for (int64_t r = a.r0; r < a.r1; ++r) {
-      float out[kTile];
-      dot(a.W + r * a.row_bytes, a.n_in, xs, out);
-      for (int t = 0; t < nt; ++t) y[t * a.y_stride + r] = out[t];
-    }
+    kTileFn[nt - 1](a, xs, a.y + t0 * a.y_stride);
   }
 }
 
@@ -137,30 +163,41 @@ struct WQ4 {
   }
 };
 
-template <class Wq, int T>
-void dot_q(const uint8_t* row, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = T == 1 ? 2 : 1;  // two accumulators (alternate blocks) for GEMV
-  __m256 acc[U][T];
+constexpr int rows_for_q(int T) { return T == 1 ? 2 : 1; }  // 16 ymm: w, |w|, d_w per row
+
+// out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
+template <class Wq, int R, int T>
+void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
+  constexpr int U = R * T <= 2 ? 2 : 1;  // alternate blocks between two accumulator sets when few chains
+  __m256 acc[U][R * T];
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
+    for (int j = 0; j < R * T; ++j) acc[u][j] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   auto block = [&](int64_t b, int u) {
-    const uint8_t* p = row + b * Wq::kBytes;
-    const __m256i w = Wq::load(p);
-    const __m256i wu = Wq::kSigned ? _mm256_abs_epi8(w) : w;
-    const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(p)));
+    __m256i w[R], wu[R];
+    __m256 dw[R];
+#pragma GCC unroll 4
+    for (int k = 0; k < R; ++k) {
+      const uint8_t* p = rows[k] + b * Wq::kBytes;
+      w[k] = Wq::load(p);
+      wu[k] = Wq::kSigned ? _mm256_abs_epi8(w[k]) : w[k];
+      dw[k] = _mm256_set1_ps(_cvtsh_ss(load_u16(p)));
+    }
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       const uint8_t* act = acts[t];
-      __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b * 32));
-      if (Wq::kSigned) xq = _mm256_sign_epi8(xq, w);
-      __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xq), ones);
-      if (!Wq::kSigned)
-        s = _mm256_add_epi32(s, _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.bias_off + b * 32)));
+      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b * 32));
       const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off + b * 32));
-      acc[u][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[u][t]);
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k) {
+        const __m256i xs = Wq::kSigned ? _mm256_sign_epi8(xq, w[k]) : xq;
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[k], xs), ones);
+        if (!Wq::kSigned)
+          s = _mm256_add_epi32(s, _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.bias_off + b * 32)));
+        acc[u][k * T + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[k], dx), acc[u][k * T + t]);
+      }
     }
   };
   int64_t b = 0;
@@ -169,30 +206,45 @@ void dot_q(const uint8_t* row, int64_t nb, const uint8_t* const* acts, const Act
     for (int u = 0; u < U; ++u) block(b + u, u);
   for (; b < nb; ++b) block(b, 0);
 #pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    __m256 s = acc[0][t];
-    if (U > 1) s = _mm256_add_ps(s, acc[U - 1][t]);
-    out[t] = hsum(s);
+  for (int j = 0; j < R * T; ++j) {
+    __m256 s = acc[0][j];
+    if (U > 1) s = _mm256_add_ps(s, acc[U - 1][j]);
+    out[j] = hsum(s);
   }
 }
 
-using DotQ = void (*)(const uint8_t*, int64_t, const uint8_t* const*, const ActLayout&, float*);
+template <class Wq, int T>
+void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
+  constexpr int R = rows_for_q(T);
+  const int64_t nb = a.n_in / kQBlock;
+  int64_t r = a.r0;
+  for (; r + R <= a.r1; r += R) {
+    const uint8_t* rows[R];
+    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
+    float out[R * T];
+    dot_q<Wq, R, T>(rows, nb, acts, a.act, out);
+    for (int k = 0; k < R; ++k)
+      for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
+  }
+  for (; r < a.r1; ++r) {
+    const uint8_t* row = a.W + r * a.row_bytes;
+    float out[T];
+    dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
+    for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
+  }
+}
+
+using TileQ = void (*)(const RowsArgs&, const uint8_t* const*, float*);
 
 template <class Wq>
 void rows_q(const RowsArgs& a) {
-  static constexpr DotQ kDot[kTile] = {dot_q<Wq, 1>, dot_q<Wq, 2>, dot_q<Wq, 3>, dot_q<Wq, 4>};
-  const int64_t nb = a.n_in / kQBlock;
+  static constexpr TileQ kTileFn[kTile] = {rows_tile_q<Wq, 1>, rows_tile_q<Wq, 2>, rows_tile_q<Wq, 3>,
+                                           rows_tile_q<Wq, 4>};
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
     const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
     const uint8_t* acts[kTile];
     for (int t = 0; t < nt; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_stride;
-    float* y = a.y + t0 * a.y_stride;
-    const DotQ dot = kDot[nt - 1];
-    for (int64_t r = a.r0; r < a.r1; ++r) {
-      float out[kTile];
-      dot(a.W + r * a.row_bytes, nb, acts, a.act, out);
-      for (int t = 0; t < nt; ++t) y[t * a.y_stride + r] = out[t];
-    }
+    kTileFn[nt - 1](a, acts, a.y + t0 * a.y_stride);
   }
 }
 

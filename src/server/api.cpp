@@ -221,12 +221,6 @@ std::string random_hex(size_t n) {
   return s;
 }
 
-std::string dump(const json& j) {
-  // Generated text can end in an incomplete UTF-8 sequence (flushed at the end of a stream): replace
-  // it rather than throwing.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 }  // namespace
 
 json error_body(const ApiError& e) {
@@ -383,7 +377,13 @@ json usage_chunk(const ResponseMeta& m, const Usage& u) {
               {"usage", usage_json(u)}};
 }
 
-std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string dump_json(const json& j) {
+  // Generated text can end in an incomplete UTF-8 sequence (flushed at the end of a stream): replace
+  // it rather than throwing.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 bool bearer_matches(std::string_view header, std::string_view key) {
   // The scheme is not secret (and case-insensitive per RFC 7235); the key is compared in constant time.

@@ -97,6 +97,8 @@ json stream_chunk(const ResponseMeta& m, const std::string& text, const std::str
 // The extra last chunk of stream_options.include_usage: empty choices and the usage.
 json usage_chunk(const ResponseMeta& m, const Usage& u);
 std::string sse_event(const json& j);  // "data: <json>\n\n"
+// Compact JSON text; invalid UTF-8 (a flushed partial character at the end of a generation) is replaced.
+std::string dump_json(const json& j);
 
 // Constant-time comparison of an Authorization header against "Bearer <key>" (the time does not
 // depend on where the first mismatching byte is).

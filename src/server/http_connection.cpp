@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -149,6 +150,9 @@ bool HttpServer::wait_for_request(socket_t sock, bool buffered) const {
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
   t_conn = Connection{sock, false};
+  // SSE sends many small writes: without TCP_NODELAY, Nagle + delayed ACKs add ~40 ms stalls.
+  const int one = 1;
+  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   ConnStream strm(sock, to_ms(read_timeout_sec_, read_timeout_usec_), to_ms(write_timeout_sec_, write_timeout_usec_));
   bool ret = false;
   for (size_t left = keep_alive_max_count_; left > 0 && wait_for_request(sock, strm.buffered()); --left) {
