@@ -8,46 +8,21 @@
 #include <sstream>
 #include <string>
 
+#include "cli_util.h"
 #include "gguf/gguf.h"
 
 namespace {
 
 const std::string kShared = KVPACK_SHARED_DIR;
-const std::string kBin = KVPACK_BINARY;
 
-struct Run {
-  int status;
-  std::string out, err;
-};
-
-Run run(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/kvpack_stderr.txt";
-  const std::string cmd = kBin + " " + args + " 2>" + err_path;
-  Run r{};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "", "popen failed"};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  r.status = pclose(p);
-  std::ifstream e(err_path);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  return r;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kvpack::test::Proc;
+using kvpack::test::read_file;
+Proc run(const std::string& args) { return kvpack::test::run_kvpack(args); }
 
 }  // namespace
 
 TEST(CliGenerate, GreedyStories260kGgufMatchesReference) {
-  const Run r = run("generate -m " + kShared + "/models/stories260K.gguf --temp 0 -n 256");
+  const Proc r = run("generate -m " + kShared + "/models/stories260K.gguf --temp 0 -n 256");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, read_file(kShared + "/models/stories260K.greedy.txt"));
   EXPECT_NE(r.err.find("decode_tok_s="), std::string::npos) << r.err;
@@ -55,7 +30,7 @@ TEST(CliGenerate, GreedyStories260kGgufMatchesReference) {
 }
 
 TEST(CliGenerate, GreedyStories260kLlama2cMatchesReference) {
-  const Run r = run("generate -m " + kShared + "/models/stories260K.bin --tokenizer " + kShared +
+  const Proc r = run("generate -m " + kShared + "/models/stories260K.bin --tokenizer " + kShared +
                     "/models/tok512.bin --temp 0 -n 256");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, read_file(kShared + "/models/stories260K.greedy.txt"));
@@ -64,7 +39,7 @@ TEST(CliGenerate, GreedyStories260kLlama2cMatchesReference) {
 TEST(CliGenerate, OtherLlama2cModelsWithTheirOwnTokenizersRun) {
   for (const auto& [model, tok] : {std::pair{"xs_model.bin", "tok512.bin"}, std::pair{"aidreams260K.bin", "tok512_dreamer.bin"}}) {
     const std::string tok_path = std::string(tok) == "tok512.bin" ? kShared + "/models/tok512.bin" : kShared + "/models/extra/" + tok;
-    const Run r = run("generate -m " + kShared + "/models/extra/" + model + " --tokenizer " + tok_path + " --temp 0 -n 40 -p \"Once\"");
+    const Proc r = run("generate -m " + kShared + "/models/extra/" + model + " --tokenizer " + tok_path + " --temp 0 -n 40 -p \"Once\"");
     ASSERT_EQ(r.status, 0) << model << ": " << r.err;
     EXPECT_GT(r.out.size(), 20u) << model;
     EXPECT_EQ(r.out.rfind("Once", 0), 0u) << model << " output: " << r.out;
@@ -72,7 +47,7 @@ TEST(CliGenerate, OtherLlama2cModelsWithTheirOwnTokenizersRun) {
 }
 
 TEST(CliGenerate, StatsLineReportsKvUse) {
-  const Run r = run("generate -m " + kShared + "/models/stories260K.gguf --temp 0 -n 30 -q");
+  const Proc r = run("generate -m " + kShared + "/models/stories260K.gguf --temp 0 -n 30 -q");
   ASSERT_EQ(r.status, 0) << r.err;
   // 1 BOS + 29 decoded tokens = 30 slots per stream, 2 pages of 16 each, 5 layers x 4 KV heads.
   EXPECT_NE(r.err.find("kv_pages_in_use=40 "), std::string::npos) << r.err;
@@ -101,7 +76,7 @@ TEST(CliErrors, OneClearLineAndNonZeroExit) {
       {"generate -m " + kShared + "/models/stories260K.gguf --temp -1", "temp"},
   };
   for (const Case& c : cases) {
-    const Run r = run(c.args);
+    const Proc r = run(c.args);
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << " -> " << r.err;
     EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 2) << c.args << " -> " << r.err;
@@ -109,7 +84,7 @@ TEST(CliErrors, OneClearLineAndNonZeroExit) {
 }
 
 TEST(CliTokenize, PrintsIdsForVocabOnlyFiles) {
-  const Run r = run("tokenize -m " + kShared + "/vocab/ggml-vocab-llama-spm.gguf -p \"Hello world\" --ids");
+  const Proc r = run("tokenize -m " + kShared + "/vocab/ggml-vocab-llama-spm.gguf -p \"Hello world\" --ids");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "[15043, 3186]\n");
 }

@@ -138,6 +138,7 @@ TEST_F(ApiTest, InvalidFieldsAre400WithTheParam) {
       {{{"prompt", "x"}, {"kv_policy", 3}}, "kv_policy"},
       {{{"prompt", "x"}, {"kv_policy", "knorm"}}, "kv_policy"},              // no budget anywhere
       {{{"prompt", "x"}, {"kv_policy", "knorm"}, {"kv_budget", -4}}, "kv_budget"},
+      {{{"prompt", "x"}, {"kv_policy", "knorm"}, {"kv_budget", 3}}, "kv_budget"},  // below sinks + window + 1
       {{{"prompt", "x"}, {"kv_policy", "triattention"}, {"kv_budget", 64}}, "kv_policy"},  // no calibration
       {{{"prompt", "x"}, {"kv_budget", 64}}, "kv_budget"},                     // budget without a policy
       {{{"prompt", "x"}, {"priority", "high"}}, "priority"},

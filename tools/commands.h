@@ -8,6 +8,8 @@ void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_gen_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
+void add_serve(CLI::App& app);
+void add_eval(CLI::App& app);  // `kvpack eval` (kld, tasks, gen-tasks, sweep): the quality harness
 void add_bench(CLI::App& app);  // `kvpack bench` and its sub-commands
 
 // Path of the embedded default model (a deterministic random-weight model written on first use).

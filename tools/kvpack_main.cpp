@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   kvpack::cli::add_tokenize(app);
   kvpack::cli::add_gen_model(app);
   kvpack::cli::add_calibrate(app);
+  kvpack::cli::add_serve(app);
+  kvpack::cli::add_eval(app);
   kvpack::cli::add_bench(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,75 @@
+// `kvpack serve`: OpenAI-compatible HTTP server (see src/server/server.h) until SIGINT / SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "options.h"
+#include "server/server.h"
+
+namespace kvpack::cli {
+
+void add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (completions, chat, SSE streaming, /metrics)");
+  auto o = std::make_shared<ModelOptions>();
+  auto kvo = std::make_shared<KvOptions>();
+  auto so = std::make_shared<server::ServerOptions>();
+  auto preempt = std::make_shared<std::string>("lru");
+  auto admission = std::make_shared<std::string>("reserve");
+  auto no_prefix_cache = std::make_shared<bool>(false);
+  add_model_options(*cmd, *o);
+  add_kv_options(*cmd, *kvo);  // the server default; requests may override kv_policy / kv_budget
+  cmd->add_option("--host", so->host, "Address to bind (default loopback only)");
+  cmd->add_option("--port", so->port, "Port (0: any free port, printed on stderr)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", so->api_key, "Require 'Authorization: Bearer KEY' (or set KVPACK_API_KEY)")->envname("KVPACK_API_KEY");
+  cmd->add_option("--alias", so->model_id, "Model name in responses and /v1/models (default: the model's name)");
+  cmd->add_option("--max-batch", so->scheduler.max_running, "Sequences in the running batch")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-waiting", so->scheduler.max_waiting, "Scheduler queue limit (beyond: 429)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--preempt", *preempt, "Preemption victim policy")->check(CLI::IsMember({"lru", "lfu", "priority"}));
+  cmd->add_option("--admission", *admission, "Admission: reserve pages for prompt + max_tokens (compression-aware), or keep a free watermark")
+      ->check(CLI::IsMember({"reserve", "watermark"}));
+  cmd->add_flag("--no-prefix-cache", *no_prefix_cache, "Disable the prefix cache");
+  cmd->add_option("--max-body", so->limits.max_body_bytes, "Largest request body in bytes (beyond: 413)")->check(CLI::Range(1024, 1 << 30));
+  cmd->add_option("--max-prompt-tokens", so->limits.max_prompt_tokens, "Longest prompt accepted (0: context - 1)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-tokens-limit", so->limits.max_tokens_limit, "Largest max_tokens a request may ask for (0: the context)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--default-max-tokens", so->limits.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-concurrent", so->max_concurrent, "Generation requests served at once (beyond: 429)")->check(CLI::Range(1, 4096));
+  cmd->add_option("--http-threads", so->http_threads, "HTTP worker threads (0: max-concurrent + 8)")->check(CLI::Range(0, 8192));
+  cmd->callback([=] {
+    // Signals are taken synchronously by this thread (sigwait below): block them before any thread
+    // (engine pool, scheduler, HTTP workers) starts, so every thread inherits the mask.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // belt and braces: the server's own writes already use MSG_NOSIGNAL
+
+    auto model = load_model(*o);
+    Engine engine(*model, engine_options(*o));
+    server::ServerOptions opt = *so;
+    opt.default_kv = kv_config(*kvo, engine);
+    opt.scheduler.preempt = parse_preempt(*preempt);
+    opt.scheduler.prefix_cache = !*no_prefix_cache;
+    opt.scheduler.reserve_admission = *admission == "reserve";
+    opt.scheduler.step_tokens = o->batch;
+    server::Server srv(engine, opt);
+    const int port = srv.start();
+    const std::string budget = opt.default_kv.enabled() ? " budget " + std::to_string(opt.default_kv.budget) : "";
+    std::fprintf(stderr, "[kvpack] serving %s on http://%s:%d (kv pages %lld x %zu B, policy %s%s, max batch %d, max concurrent %d%s)\n",
+                 srv.options().model_id.c_str(), opt.host.c_str(), port, static_cast<long long>(engine.pool().capacity()),
+                 engine.pool().page_bytes(), compress::policy_name(opt.default_kv.policy),
+                 budget.c_str(),
+                 opt.scheduler.max_running, opt.max_concurrent, opt.api_key.empty() ? "" : ", API key required");
+    std::fflush(stderr);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "[kvpack] %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv.stop();
+  });
+}
+
+}  // namespace kvpack::cli
