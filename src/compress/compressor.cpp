@@ -92,8 +92,10 @@ bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
   const int64_t target = static_cast<int64_t>(n_streams_) * cfg_.budget;
   int64_t total = 0;  // live slots (naive mode leaves holes that no longer count)
   for (int32_t st = 0; st < n_streams_; ++st) total += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
-  const bool trigger = total >= static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval) ||
-                       (prefill_done && cfg_.compress_prefill && total > target);
+  // Normally budget + interval; when protected slots (prompt, shared prefix) keep a sequence above its
+  // budget, the next event waits for another full interval instead of firing at every step.
+  const int64_t threshold = std::max(static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval), next_trigger_);
+  const bool trigger = total >= threshold || (prefill_done && cfg_.compress_prefill && total > target && total > last_total_after_);
   if (!trigger) return false;
   compress(kv);
   return true;
@@ -364,6 +366,9 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     ev.freed_pages += freed;
     ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
   }
+  last_total_after_ = 0;
+  for (int32_t st = 0; st < n_streams_; ++st) last_total_after_ += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
+  next_trigger_ = last_total_after_ + static_cast<int64_t>(n_streams_) * cfg_.interval;
   ev.score_seconds = t1 - t0;
   ev.seconds = now_s() - t0;
   stats_.add(ev);

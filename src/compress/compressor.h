@@ -62,6 +62,8 @@ class SequenceCompressor : public ForwardObserver {
   ThreadPool* pool_;
   int32_t n_streams_;
   CompressionStats stats_;
+  int64_t next_trigger_ = 0;      // total live slots at which the next event fires (see after_forward)
+  int64_t last_total_after_ = -1;  // total live slots right after the last event
   std::vector<std::vector<float>> scores_;  // per stream
   std::vector<std::vector<int32_t>> keeps_;
   std::vector<std::vector<int32_t>> live_;  // per stream: candidate (non-hole) slot indices
