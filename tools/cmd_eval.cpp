@@ -271,7 +271,7 @@ void add_sweep(CLI::App& eval) {
   auto* ctx_opt = cmd->add_option("--ctx", *ctx, "Context length (default: min(512, model context))")->check(CLI::NonNegativeNumber);
   auto* chunks_opt = cmd->add_option("--chunks", *chunks, "KL windows of ctx tokens")->check(CLI::PositiveNumber);
   cmd->add_option("--out", *out, "Output directory")->required();
-  cmd->add_flag("--quick", *quick, "Reduced size for CI: ctx 256 (512 with --tasks), 1 window, budgets 32,64, 2 samples per task");
+  cmd->add_flag("--quick", *quick, "Reduced size for CI: ctx 256 (512 with --tasks), 1 window, budgets 32,64, 2 samples per task, 1 thread");
   cmd->add_flag("--no-plot", *no_plot, "Do not run scripts/plot_sweep.py");
   cmd->add_option("--plot-script", *plot_script, "Path of plot_sweep.py (default: found next to the binary or the sources)");
   cmd->add_option("--kv-interval", kvo->interval, "Compress when the cache reaches budget + interval")->check(CLI::Range(1, 1 << 20));
@@ -296,6 +296,9 @@ void add_sweep(CLI::App& eval) {
       if (!bud_opt->count()) so.budgets = {32, 64};
       if (!n_opt->count()) so.task_n = 2;
     }
+    so.engine = engine_options(*o);
+    // A 1-thread engine is the fast one for CI-sized models (and it does not spin against other jobs).
+    if (*quick && cmd->get_option("--threads")->count() == 0) so.engine.threads = 1;
     (void)pol_opt;
     so.text_path = *text;
     so.tasks = *tasks;
@@ -309,7 +312,6 @@ void add_sweep(CLI::App& eval) {
     so.base.split = compress::parse_split(kvo->split);
     so.base.protect_prompt = kvo->protect_prompt;
     so.calib_path = kvo->calib;
-    so.engine = engine_options(*o);
     so.out_dir = *out;
     so.command = command_line();
     const eval::SweepResult r = eval::run_sweep(*model, so, [&](const std::string& s) {

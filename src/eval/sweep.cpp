@@ -130,11 +130,13 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
       } else if (!text_tokens.empty()) {
         ct = text_tokens;
         from = opt.text_path + " (the same text as the KL windows: the file is short)";
-      } else {
+      } else {  // no text: the tasks' filler (--filler sentences, else the built-in lines)
         std::string filler;
-        for (int64_t j = 0; static_cast<int64_t>(filler.size()) < opt.calib_tokens * 4; ++j) filler += builtin_filler(opt.seed, j) + "\n";
+        const auto& f = opt.task_options.filler;
+        for (int64_t j = 0; static_cast<int64_t>(filler.size()) < opt.calib_tokens * 4; ++j)
+          filler += (f.empty() ? builtin_filler(opt.seed, j) : f[static_cast<size_t>(j) % f.size()]) + "\n";
         ct = tokenize_head(tok, filler, opt.calib_tokens);
-        from = "the built-in task filler text";
+        from = f.empty() ? std::string("the built-in task filler text") : "the filler text " + opt.filler_path;
       }
       stats = std::make_unique<compress::QueryStats>(calibrate(model, ct, opt.engine));
       res.calib_note = "triattention calibration: computed by the sweep (no --kv-calib) from " + std::to_string(ct.size()) +
@@ -361,14 +363,25 @@ std::string find_plot_script(const std::string& hint) {
 
 std::string plot_sweep(const std::string& out_dir, const std::string& script_hint) {
   const std::string script = find_plot_script(script_hint);
+  const std::string csv = (fs::path(out_dir) / "results.csv").string();
   if (script.empty()) return "plots skipped: scripts/plot_sweep.py not found (pass --plot-script)";
-  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
-    return "plots skipped: python3 with matplotlib is not available (then run: python3 " + script + " " +
-           (fs::path(out_dir) / "results.csv").string() + " " + out_dir + ")";
-  const std::string cmd = "python3 " + shell_quote(script) + " " + shell_quote((fs::path(out_dir) / "results.csv").string()) + " " +
-                          shell_quote(out_dir) + " 1>&2";
+  // The first python3 that has matplotlib ($KVPACK_PYTHON, then the one on PATH, then the system one).
+  std::vector<std::string> pythons;
+  if (const char* env = std::getenv("KVPACK_PYTHON"); env && *env) pythons.push_back(env);
+  pythons.push_back("python3");
+  pythons.push_back("/usr/bin/python3");
+  std::string py;
+  for (const auto& p : pythons)
+    if (std::system((shell_quote(p) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0) {
+      py = p;
+      break;
+    }
+  if (py.empty())
+    return "plots skipped: no python3 with matplotlib (install python3-matplotlib, then run: python3 " + script + " " + csv + " " +
+           out_dir + ")";
+  const std::string cmd = shell_quote(py) + " " + shell_quote(script) + " " + shell_quote(csv) + " " + shell_quote(out_dir) + " 1>&2";
   if (std::system(cmd.c_str()) != 0) return "plots FAILED: " + cmd;
-  return "plots written to " + out_dir + " (kl_vs_budget.png, top1_vs_budget.png" + ", accuracy_vs_budget.png when tasks ran)";
+  return "plots written to " + out_dir;
 }
 
 }  // namespace kvpack::eval

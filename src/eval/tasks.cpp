@@ -374,8 +374,8 @@ TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n
   res.kind = kind;
   res.n = n;
   double prompt_sum = 0;
+  TaskOptions o = opt;  // copied once (the filler may be large); only the depth changes per sample
   for (int32_t i = 0; i < n; ++i) {
-    TaskOptions o = opt;
     if (kind == TaskKind::Needle && opt.depth < 0) o.depth = n > 1 ? static_cast<double>(i) / (n - 1) : 0.5;
     TaskSample s;
     s.task = make_task(kind, ctx_tokens, sample_seed(seed, kind, i), &tok, o);
