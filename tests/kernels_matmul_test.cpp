@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -308,6 +309,35 @@ TEST(MatmulActivationQuant, BitIdenticalAcrossIsas) {
       EXPECT_EQ(0, std::memcmp(aligned(ref), aligned(got), L.stride)) << isa_name(isa) << " n_in=" << n_in;
     }
   }
+}
+
+// matmul is a pure function: concurrent callers (each with its own per-thread activation scratch) get
+// the same bits as a lone caller, including when their scratch must grow.
+TEST(Matmul, ConcurrentCallers) {
+  std::mt19937 rng(21);
+  const int64_t n_out = 257, n_in = 512;
+  const Weights w = make_weights(DType::Q8_0, n_out, n_in, rng);
+  std::vector<std::vector<float>> xs, want;
+  for (int64_t n_tok : {1, 5, 40}) {
+    xs.push_back(make_acts(n_tok * n_in, rng));
+    want.emplace_back(n_tok * n_out);
+    matmul(w.data(), DType::Q8_0, n_out, n_in, xs.back().data(), n_tok, want.back().data(), nullptr);
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int it = 0; it < 30; ++it) {
+        const size_t k = (th + it) % xs.size();
+        const int64_t n_tok = static_cast<int64_t>(xs[k].size()) / n_in;
+        std::vector<float> y(n_tok * n_out);
+        matmul(w.data(), DType::Q8_0, n_out, n_in, xs[k].data(), n_tok, y.data(), nullptr);
+        if (std::memcmp(y.data(), want[k].data(), y.size() * 4) != 0) ++mismatches[th];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int th = 0; th < 4; ++th) EXPECT_EQ(mismatches[th], 0) << "thread " << th;
 }
 
 TEST(Matmul, DispatchAndErrors) {

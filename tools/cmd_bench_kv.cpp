@@ -8,6 +8,8 @@
 //  2. Decode speed at depth: a sequence is filled to each depth with synthetic K/V (decode cost does not
 //     depend on K/V values, and this avoids minutes of prefill per depth), then --decode-tokens tokens are
 //     decoded with full KV and with the compressed cache (budget slots, compressor active), in one run.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 
 #include "commands.h"
 #include "compress/compressor.h"
+#include "engine/calibrate.h"
 #include "options.h"
 #include "util/half.h"
 
@@ -152,16 +155,8 @@ void add_bench_kv(CLI::App& bench) {
       if (!b->calib.empty()) {
         engine.set_calibration(compress::QueryStats::load(b->calib, c));
       } else {
-        compress::Calibrator cal(c);
-        auto seq = engine.new_sequence();
         const size_t n = std::min<size_t>(stream.size(), 1024);
-        for (size_t i = 0; i < n; i += static_cast<size_t>(eo.max_batch_tokens)) {
-          BatchItem item;
-          item.kv = seq.get();
-          item.tokens = std::span<const int32_t>(stream.data() + i, std::min(n - i, static_cast<size_t>(eo.max_batch_tokens)));
-          engine.forward().run(std::span<BatchItem>(&item, 1), &cal);
-        }
-        engine.set_calibration(cal.finish());
+        engine.set_calibration(calibrate(*model, std::span<const int32_t>(stream.data(), n), eo));
         std::fprintf(stderr, "[kvpack] calibrated %s on the first %zu tokens of the bench stream\n", b->policy.c_str(), n);
       }
     }
@@ -222,15 +217,21 @@ void add_bench_kv(CLI::App& bench) {
       std::printf("compaction share of decode time (one event per %d decoded tokens at ~budget depth): %.2f%%\n", b->interval,
                   100.0 * per_event / (per_event + b->interval * step_time_at_budget));
     }
-    const std::string plot = "python3 scripts/plot_kv_timeline.py " + b->out + "/kv_timeline.csv " + b->out + "/kv_timeline.png";
+    const std::string plot = std::string(access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3") + " scripts/plot_kv_timeline.py " + b->out + "/kv_timeline.csv " + b->out + "/kv_timeline.png";
     if (std::system((plot + " 2>/dev/null").c_str()) == 0) std::printf("plot: %s/kv_timeline.png\n", b->out.c_str());
   });
 }
+
+void add_bench_peer(CLI::App& bench);  // tools/cmd_bench_peer.cpp
+
+void add_bench_serve(CLI::App& bench);  // tools/cmd_bench_serve.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (ratios measured side by side in one run)");
   bench->require_subcommand(1);
   add_bench_kv(*bench);
+  add_bench_serve(*bench);
+  add_bench_peer(*bench);
 }
 
 }  // namespace kvpack::cli

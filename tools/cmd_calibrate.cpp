@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "compress/calibration.h"
+#include "engine/calibrate.h"
 #include "options.h"
 
 namespace kvpack::cli {
@@ -34,28 +35,8 @@ void add_calibrate(CLI::App& app) {
     std::vector<int32_t> toks = model->tokenizer().encode(head, false);
     if (static_cast<int64_t>(toks.size()) > *max_tokens) toks.resize(static_cast<size_t>(*max_tokens));
     if (toks.empty()) throw std::runtime_error(*text_path + ": no tokens");
-    EngineOptions eo = engine_options(*o);
-    Engine engine(*model, eo);
-    compress::Calibrator cal(c);
-    // Context-sized windows, each a fresh sequence starting with BOS where the model has one.
-    const int32_t bos = model->tokenizer().bos();
-    const size_t win = static_cast<size_t>(c.n_ctx) - (bos >= 0 ? 1 : 0);
-    int64_t used = 0;
-    for (size_t i = 0; i < toks.size(); i += win) {
-      std::vector<int32_t> w;
-      if (bos >= 0) w.push_back(bos);
-      w.insert(w.end(), toks.begin() + static_cast<long>(i), toks.begin() + static_cast<long>(std::min(toks.size(), i + win)));
-      auto kv = engine.new_sequence();
-      for (size_t j = 0; j < w.size(); j += static_cast<size_t>(eo.max_batch_tokens)) {
-        const size_t n = std::min(w.size() - j, static_cast<size_t>(eo.max_batch_tokens));
-        BatchItem item;
-        item.kv = kv.get();
-        item.tokens = std::span<const int32_t>(w.data() + j, n);
-        if (!engine.forward().run(std::span<BatchItem>(&item, 1), &cal)) throw std::runtime_error("KV cache exhausted");
-      }
-      used += static_cast<int64_t>(w.size());
-    }
-    const compress::QueryStats st = cal.finish();
+    const compress::QueryStats st = calibrate(*model, toks, engine_options(*o));
+    const int64_t used = st.tokens;
     st.save(*out_path);
     // Concentration summary (mean resultant length over all heads and bands, weighted by E|q|).
     double num = 0, den = 0;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "commands.h"
@@ -51,6 +52,7 @@ void add_serve(CLI::App& app) {
     auto model = load_model(*o);
     Engine engine(*model, engine_options(*o));
     server::ServerOptions opt = *so;
+    if (opt.model_id.empty() && !o->model.empty()) opt.model_id = std::filesystem::path(o->model).stem().string();
     opt.default_kv = kv_config(*kvo, engine);
     opt.scheduler.preempt = parse_preempt(*preempt);
     opt.scheduler.prefix_cache = !*no_prefix_cache;

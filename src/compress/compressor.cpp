@@ -259,9 +259,10 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   const int32_t ps = kv.pool().config().page_size;
   auto prot_for = [&](int32_t s) {
     Protection p = prot;
-    int32_t shared = 0;
+    int32_t shared = 0;  // pages up to and including the last shared one (cache entries can have gaps)
     auto table = kv.page_table(s);
-    while (static_cast<size_t>(shared) < table.size() && kv.pool().refcount(table[static_cast<size_t>(shared)]) > 1) ++shared;
+    for (size_t pg = 0; pg < table.size(); ++pg)
+      if (kv.pool().refcount(table[pg]) > 1) shared = static_cast<int32_t>(pg) + 1;
     p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), shared * ps));
     return p;
   };

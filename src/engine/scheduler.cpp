@@ -148,8 +148,12 @@ int64_t Scheduler::projected_pages(const Seq& s) const {
   const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.spec.max_tokens - s.n_generated,
                                              engine_->model().config().n_ctx);
   int64_t len = full_len;
-  if (s.spec.kv.enabled())  // compression keeps a sequence near budget + interval (+ one chunk of prefill)
-    len = std::min<int64_t>(full_len, s.spec.kv.budget + s.spec.kv.interval + opt_.step_tokens);
+  if (s.spec.kv.enabled()) {
+    // Compression keeps a sequence at most budget + interval; a prompt longer than the budget can
+    // overshoot by one prefill chunk before the next event.
+    const int64_t chunk = static_cast<int64_t>(s.tokens.size()) > s.spec.kv.budget ? opt_.step_tokens : 0;
+    len = std::min<int64_t>(full_len, s.spec.kv.budget + s.spec.kv.interval + chunk);
+  }
   return n_streams_ * ((len + ps - 1) / ps + (s.spec.kv.enabled() ? 1 : 0));
 }
 
@@ -184,6 +188,10 @@ void Scheduler::admit() {
       s.comp_before.add(s.comp->stats());
       s.comp = std::make_unique<compress::SequenceCompressor>(s.spec.kv, engine_->model().config(), engine_->calibration(),
                                                               s.n_prompt, &engine_->threads());
+    }
+    if (s.preemptions == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_.prompt_tokens += s.n_prompt;
     }
     s.admitted_step = step_no_;
     reserved += need;
@@ -298,9 +306,7 @@ bool Scheduler::step() {
   intake();
   admit();
   if (running_.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    metrics_.waiting = static_cast<int64_t>(waiting_.size());
-    metrics_.running = 0;
+    publish_metrics();
     return false;
   }
   ++step_no_;
@@ -375,20 +381,32 @@ bool Scheduler::step() {
     throw std::logic_error("scheduler: forward refused a batch after make_room");
 
   std::vector<Seq*> done;
+  std::vector<std::pair<Seq*, std::string>> failed;
   for (size_t i = 0; i < batch.size(); ++i) {
     Seq& s = *batch[i];
     s.n_computed += chunk[i];
     const bool prefill_done = s.n_computed == static_cast<int32_t>(s.tokens.size());
-    // Register full blocks with the prefix cache while the KV still mirrors the token sequence.
-    if (cache_ && (!s.comp || s.comp->stats().events == 0)) {
+    // Register full blocks with the prefix cache while the KV still mirrors the token sequence. A
+    // compressed sequence registers only its prompt, and only when the prompt is protected anyway:
+    // registered pages are shared, and shared pages are never evicted, so registering more would stop
+    // compression from freeing anything. (It can still reuse blocks others registered.)
+    const bool may_register = !s.comp || (s.spec.kv.protect_prompt && s.comp->stats().events == 0);
+    if (cache_ && may_register) {
       const int32_t ps = engine_->pool().config().page_size;
-      const int32_t full = s.n_computed / ps;
+      const int32_t full = (s.comp ? std::min(s.n_computed, s.n_prompt) : s.n_computed) / ps;
       if (full > s.registered_blocks) {
         cache_->register_blocks(*s.kv, s.tokens, full, s.spec.cache_salt);
         s.registered_blocks = full;
       }
     }
-    if (s.comp) s.comp->after_forward(*s.kv, prefill_done && s.n_generated == 0);
+    if (s.comp) {
+      try {
+        s.comp->after_forward(*s.kv, prefill_done && s.n_generated == 0);
+      } catch (const std::exception& e) {  // fail this request only, not the batch
+        failed.emplace_back(&s, std::string("error: compression failed: ") + e.what());
+        continue;
+      }
+    }
     if (!prefill_done) continue;
     // Sample the next token from this sequence's logits.
     float* lg = const_cast<float*>(items[i].logits);
@@ -411,6 +429,14 @@ bool Scheduler::step() {
         static_cast<int64_t>(s.tokens.size()) >= engine_->model().config().n_ctx)
       done.push_back(&s);
   }
+  for (auto& [s, why] : failed) {
+    finish(s, why);
+    for (auto it = running_.begin(); it != running_.end(); ++it)
+      if (it->get() == s) {
+        running_.erase(it);
+        break;
+      }
+  }
   for (Seq* s : done) {
     std::string reason = "length";
     if (s->prev_token == -2) reason = "eos";
@@ -423,7 +449,11 @@ bool Scheduler::step() {
         break;
       }
   }
-  // Publish metrics.
+  publish_metrics();
+  return true;
+}
+
+void Scheduler::publish_metrics() {
   auto& pool = engine_->pool();
   compress::CompressionStats cs = finished_compression_;
   for (auto& s : running_) {
@@ -443,7 +473,6 @@ bool Scheduler::step() {
   metrics_.steps = static_cast<int64_t>(step_no_);
   metrics_.compression = cs;
   if (cache_) metrics_.prefix = cache_->stats();
-  return true;
 }
 
 SchedulerMetrics Scheduler::metrics() const {

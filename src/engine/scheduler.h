@@ -126,6 +126,7 @@ class Scheduler {
   void finish(Seq* s, const std::string& reason);
   int64_t projected_pages(const Seq& s) const;
   void emit_tokens(Seq& s, int32_t token);
+  void publish_metrics();
   void loop();
 
   Engine* engine_;

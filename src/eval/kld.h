@@ -20,6 +20,7 @@
 #include "compress/calibration.h"
 #include "compress/compressor.h"
 #include "compress/config.h"
+#include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "model/model.h"
 
@@ -83,6 +84,7 @@ std::string read_text_file(const std::string& path);  // throws std::runtime_err
 std::vector<int32_t> tokenize_head(const Tokenizer& tok, const std::string& text, int64_t max_tokens);
 // TriAttention statistics from a pass over `tokens` in windows of the model's context, each starting with
 // BOS where the model has one: the computation of `kvpack calibrate`.
-compress::QueryStats calibrate(const Model& model, std::span<const int32_t> tokens, const EngineOptions& eo);
+
+
 
 }  // namespace kvpack::eval

@@ -138,7 +138,7 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
         ct = tokenize_head(tok, filler, opt.calib_tokens);
         from = f.empty() ? std::string("the built-in task filler text") : "the filler text " + opt.filler_path;
       }
-      stats = std::make_unique<compress::QueryStats>(calibrate(model, ct, opt.engine));
+      stats = std::make_unique<compress::QueryStats>(kvpack::calibrate(model, ct, opt.engine));
       res.calib_note = "triattention calibration: computed by the sweep (no --kv-calib) from " + std::to_string(ct.size()) +
                        " tokens of " + from;
       if (!opt.out_dir.empty()) {

@@ -1,6 +1,7 @@
 // AVX2 kernels (AVX2 + FMA + F16C). Built with -mavx2 -mfma -mf16c; only reached when
 // cpu_supports(Isa::Avx2). Follows the ODR rules in matmul_internal.h. Same structure as the AVX-512
-// file (token tiles over L2-resident row blocks), with 8-wide vectors and a 4-token tile (16 ymm).
+// file (token tiles over L2-resident row blocks, R rows x T tokens register micro-tiles), with 8-wide
+// vectors and a 4-token tile (16 ymm).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -59,8 +60,10 @@ struct LdBF16 {
   static __m256 part(const uint8_t* row, int64_t i, int64_t n) { return widen(load_u16_part(row + 2 * i, n)); }
 };
 
-// Rows per call for a tile of T tokens (F kinds): several weight rows share each activation load.
-constexpr int rows_for_f(int T) { return T == 1 ? 4 : 2; }
+// Rows per kernel call: the first token tile streams the rows from DRAM strictly sequentially (R = 1;
+// interleaved rows defeat the prefetchers, see matmul_avx512.cpp); later tiles find them in L2 and use
+// R = 2 rows per activation load.
+constexpr int kRowsCached = 2;
 
 // out[k * T + t] = dot(rows[k], xs[t]) for k < R, t < T.
 template <class Ld, int R, int T>
@@ -107,9 +110,8 @@ void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float*
   }
 }
 
-template <class Ld, int T>
+template <class Ld, int R, int T>
 void rows_tile_f(const RowsArgs& a, const float* const* xs, float* y) {
-  constexpr int R = rows_for_f(T);
   int64_t r = a.r0;
   for (; r + R <= a.r1; r += R) {
     const uint8_t* rows[R];
@@ -131,14 +133,16 @@ using TileF = void (*)(const RowsArgs&, const float* const*, float*);
 
 template <class Ld>
 void rows_f(const RowsArgs& a) {
-  static constexpr TileF kTileFn[kTile] = {rows_tile_f<Ld, 1>, rows_tile_f<Ld, 2>, rows_tile_f<Ld, 3>,
-                                           rows_tile_f<Ld, 4>};
+  static constexpr TileF kStream[kTile] = {rows_tile_f<Ld, 1, 1>, rows_tile_f<Ld, 1, 2>, rows_tile_f<Ld, 1, 3>,
+                                           rows_tile_f<Ld, 1, 4>};
+  static constexpr TileF kCached[kTile] = {rows_tile_f<Ld, kRowsCached, 1>, rows_tile_f<Ld, kRowsCached, 2>,
+                                           rows_tile_f<Ld, kRowsCached, 3>, rows_tile_f<Ld, kRowsCached, 4>};
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
     const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
     const float* xs[kTile];
     for (int t = 0; t < nt; ++t)
       xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
-    kTileFn[nt - 1](a, xs, a.y + t0 * a.y_stride);
+    (t0 == 0 ? kStream : kCached)[nt - 1](a, xs, a.y + t0 * a.y_stride);
   }
 }
 
@@ -162,8 +166,6 @@ struct WQ4 {
                             _mm256_set1_epi8(0x0f));
   }
 };
-
-constexpr int rows_for_q(int T) { return T == 1 ? 2 : 1; }  // 16 ymm: w, |w|, d_w per row
 
 // out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
 template <class Wq, int R, int T>
@@ -213,20 +215,11 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
   }
 }
 
+// One row at a time (sequential weight stream); T tokens share each weight load.
 template <class Wq, int T>
 void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
-  constexpr int R = rows_for_q(T);
   const int64_t nb = a.n_in / kQBlock;
-  int64_t r = a.r0;
-  for (; r + R <= a.r1; r += R) {
-    const uint8_t* rows[R];
-    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
-    float out[R * T];
-    dot_q<Wq, R, T>(rows, nb, acts, a.act, out);
-    for (int k = 0; k < R; ++k)
-      for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
-  }
-  for (; r < a.r1; ++r) {
+  for (int64_t r = a.r0; r < a.r1; ++r) {
     const uint8_t* row = a.W + r * a.row_bytes;
     float out[T];
     dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);

@@ -146,6 +146,10 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   if (s.kv.policy != compress::PolicyKind::Full) {
     if (s.kv.budget <= 0)
       fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) + "' needs a kv_budget > 0", bud ? "kv_budget" : "kv_policy");
+    const int32_t floor = s.kv.sinks + s.kv.effective_window() + 1;  // what the compressor insists on
+    if (s.kv.budget < floor)
+      fail("kv_budget " + std::to_string(s.kv.budget) + " is smaller than sinks + window + 1 (" + std::to_string(floor) + ")",
+           "kv_budget");
     if (compress::policy_needs_calibration(s.kv.policy) && !ctx.has_calibration)
       fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) +
                "' needs calibration statistics and this server was started without them (kvpack serve --kv-calib FILE)",

@@ -47,7 +47,8 @@ struct Server::StreamState {
   ResponseMeta meta;
   bool include_usage = false;
   bool first_chunk = true;
-  bool finished = false;  // the scheduler reported Finished and the stream was closed properly
+  bool finished = false;   // the request ended in the scheduler (or was cancelled by shutdown)
+  bool abandoned = false;  // the client went away and the request was cancelled
   Clock::time_point last_write = Clock::now();
 };
 
@@ -310,13 +311,20 @@ void Server::serve_blocking(httplib::Response& res, const std::shared_ptr<Slot>&
     if (Clock::now() - last_check >= poll) {
       last_check = Clock::now();
       if (HttpServer::client_gone()) {
+        count_disconnect();  // before the cancel, so the counter is up once the scheduler shows it
         sched_->cancel(id);
-        count_disconnect();
         res.status = 499;  // nginx's "client closed request"; nobody reads it, the logs do
         return;
       }
     }
   }
+}
+
+void Server::abandon(StreamState& st) {
+  if (st.finished || st.abandoned) return;
+  st.abandoned = true;
+  count_disconnect();  // before the cancel, so the counter is up once the scheduler shows the cancel
+  sched_->cancel(st.id);
 }
 
 void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta,
@@ -346,15 +354,13 @@ void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& s
         return true;
       }
       if (!sink.is_writable()) {  // the client went away between tokens
-        sched_->cancel(state->id);
-        count_disconnect();
+        abandon(*state);
         return false;
       }
       if (Clock::now() - state->last_write >= std::chrono::seconds(opt_.keepalive_comment_s)) {
         static const std::string ping = ": keep-alive\n\n";
         if (!sink.write(ping.data(), ping.size())) {
-          sched_->cancel(state->id);
-          count_disconnect();
+          abandon(*state);
           return false;
         }
         state->last_write = Clock::now();
@@ -381,10 +387,8 @@ void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& s
     }
     // (An empty write would end httplib's loop without done(); `out` is never empty here.)
     if (!sink.write(out.data(), out.size())) {
-      if (!done) {
-        sched_->cancel(state->id);
-        count_disconnect();
-      }
+      if (done) state->finished = true;  // it ended anyway; the client just missed the last chunk
+      else abandon(*state);
       return false;
     }
     state->last_write = Clock::now();
@@ -394,11 +398,10 @@ void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& s
     }
     return true;
   };
-  // Runs when the response is destroyed: if the stream did not finish (write failure before the
-  // provider ran, server stop), make sure the request does not keep running. Cancelling a finished
-  // request is a no-op in the scheduler.
+  // Runs when the response is destroyed: if the stream did not finish (e.g. writing the headers
+  // failed, so the provider never ran), make sure the request does not keep running.
   auto releaser = [this, state](bool) {
-    if (!state->finished) sched_->cancel(state->id);
+    abandon(*state);
     state->slot.reset();  // frees the concurrency slot now, not when httplib drops the lambdas
   };
   res.set_chunked_content_provider("text/event-stream", provider, releaser);

@@ -80,6 +80,7 @@ class Server {
   void serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta,
                     bool include_usage);
   void count_disconnect();
+  void abandon(StreamState& st);  // the client of a stream went away: count it, cancel the request
   void routes();
 
   Engine* engine_;

@@ -1,5 +1,7 @@
 #include "util/thread_pool.h"
 
+#include <chrono>
+
 namespace kvpack {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
@@ -40,8 +42,20 @@ void ThreadPool::run_impl(int n_tasks, TaskRef fn) {
   }
   cv_.notify_all();
   drain(0);
-  // Wait for the workers to finish their last task (they may still be inside fn).
-  while (active_workers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  // Wait for the workers to finish their last task (they may still be inside fn): spin briefly (the
+  // common case on an idle machine is a few microseconds), then sleep so an oversubscribed machine
+  // (CI, other processes) gives the core to the worker that still has work.
+  for (int spin = 0; active_workers_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 2000) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait_for(lock, std::chrono::microseconds(200),
+                        [&] { return active_workers_.load(std::memory_order_acquire) == 0; });
+    }
+  }
   fn_ = nullptr;
 }
 
@@ -50,7 +64,7 @@ void ThreadPool::worker_loop(int thread_index) {
   for (;;) {
     // Spin a little: decode issues many short parallel sections back to back.
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
+    for (int spin = 0; gen == seen && spin < 4000; ++spin) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
@@ -67,7 +81,10 @@ void ThreadPool::worker_loop(int thread_index) {
       if (stop_) return;
     }
     drain(thread_index);
-    active_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    if (active_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
   }
 }
 

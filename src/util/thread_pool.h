@@ -50,6 +50,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable done_cv_;  // the last worker finishing a run() wakes the caller
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> next_task_{0};
   std::atomic<int> active_workers_{0};

@@ -1,0 +1,15 @@
+// TriAttention calibration run: the model over `tokens` in context-sized windows (each a fresh sequence,
+// starting with BOS where the vocabulary has one), collecting pre-RoPE query statistics.
+// Used by `kvpack calibrate`, the quality sweep and `kvpack bench kv`.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "compress/calibration.h"
+#include "engine/engine.h"
+
+namespace kvpack {
+
+compress::QueryStats calibrate(const Model& model, std::span<const int32_t> tokens, const EngineOptions& eo);
+
+}  // namespace kvpack

@@ -1,0 +1,99 @@
+// The serving benchmark's parts: the seeded session mix is deterministic and well-formed, and a small
+// replay against the real server over loopback completes every session and reads back the metrics.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+
+#include "engine/engine.h"
+#include "server/bench.h"
+#include "server/server.h"
+
+using namespace kvpack;
+using namespace kvpack::server;
+
+namespace {
+const bool kNoSigpipe = [] { return signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
+}
+
+TEST(BenchMix, IsSeededAndWellFormed) {
+  bench::MixOptions o;
+  o.reasoning = 3;
+  o.chats = 4;
+  o.chat_turns = 2;
+  o.documents = 1;
+  o.arrival_rate = 5;
+  const auto a = bench::generate_mix(o), b = bench::generate_mix(o);
+  ASSERT_EQ(a.size(), 8u);
+  int kinds[3] = {0, 0, 0};
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].kind, b[i].kind);
+    EXPECT_EQ(a[i].arrival_s, b[i].arrival_s);
+    ASSERT_EQ(a[i].turns.size(), b[i].turns.size());
+    for (size_t t = 0; t < a[i].turns.size(); ++t) EXPECT_EQ(a[i].turns[t].text, b[i].turns[t].text);
+    if (i > 0) {
+      EXPECT_GE(a[i].arrival_s, a[i - 1].arrival_s);
+    }
+    ++kinds[static_cast<int>(a[i].kind)];
+    if (a[i].kind == bench::Session::Kind::Chat) {
+      EXPECT_EQ(a[i].turns.size(), 2u);
+      EXPECT_FALSE(a[i].system.empty());
+    } else {
+      EXPECT_EQ(a[i].turns.size(), 1u);
+    }
+    EXPECT_EQ(a[i].ignore_eos, a[i].kind == bench::Session::Kind::Reasoning);
+  }
+  EXPECT_EQ(kinds[0], 3);
+  EXPECT_EQ(kinds[1], 4);
+  EXPECT_EQ(kinds[2], 1);
+  EXPECT_GT(a.back().arrival_s, 0);
+  o.seed = 7;
+  const auto c = bench::generate_mix(o);
+  bool differs = false;
+  for (size_t i = 0; i < a.size(); ++i) differs |= a[i].turns[0].text != c[i].turns[0].text;
+  EXPECT_TRUE(differs);
+}
+
+TEST(BenchReplay, CompletesEverySessionAgainstTheRealServer) {
+  auto model = Model::load(std::string(KVPACK_SHARED_DIR) + "/models/stories260K.gguf");
+  EngineOptions eo;
+  eo.threads = 1;
+  eo.kv_pages = 20 * 32;  // one full context: sessions must share it
+  Engine engine(*model, eo);
+  ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  so.default_kv.policy = compress::PolicyKind::KNorm;
+  so.default_kv.budget = 64;
+  so.default_kv.interval = 32;
+  Server srv(engine, so);
+  const int port = srv.start();
+  bench::MixOptions o;
+  o.reasoning = 2;
+  o.reasoning_tokens = 120;
+  o.chats = 3;
+  o.chat_turns = 2;
+  o.chat_tokens = 16;
+  o.system_words = 60;
+  o.documents = 1;
+  o.document_words = 150;
+  o.document_tokens = 16;
+  bench::ReplayOptions ro;
+  ro.clients = 4;
+  ro.timeout_s = 120;
+  bench::RunStats st = bench::replay("127.0.0.1", port, bench::generate_mix(o), ro);
+  srv.stop();
+  st.label = "knorm";
+  EXPECT_EQ(st.completed, 6);
+  EXPECT_EQ(st.failed, 0);
+  EXPECT_EQ(st.requests, 2 + 3 * 2 + 1);
+  EXPECT_GE(st.completion_tokens, 2 * 120);
+  EXPECT_EQ(static_cast<int64_t>(st.ttft_s.size()), st.requests);
+  EXPECT_GT(st.ttft_quantile(0.99), 0);
+  EXPECT_GE(st.ttft_quantile(0.99), st.ttft_quantile(0.5));
+  EXPECT_GT(st.prefix_hit_rate(), 0);  // the chats share their system prompt
+  EXPECT_GE(st.peak_running, 1);
+  const std::string table = bench::markdown_table({st});
+  EXPECT_NE(table.find("| run | sessions completed |"), std::string::npos);
+  EXPECT_NE(table.find("| knorm | 6/6 |"), std::string::npos);
+}

@@ -1,0 +1,100 @@
+// `kvpack bench serve`: replays one seeded session mix (src/server/bench.h) against the real server
+// over loopback, once with full KV and once with a compressing policy, at the same --kv-pages, and
+// prints a Markdown table. Registered under `kvpack bench` by add_bench (tools/cmd_bench_kv.cpp).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "commands.h"
+#include "options.h"
+#include "server/bench.h"
+#include "server/server.h"
+
+namespace kvpack::cli {
+
+void add_bench_serve(CLI::App& bench);  // called by add_bench
+
+void add_bench_serve(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("serve", "Serving benchmark: a seeded session mix over HTTP, full KV vs a compressed policy at the same memory");
+  auto o = std::make_shared<ModelOptions>();
+  auto kvo = std::make_shared<KvOptions>();
+  auto mix = std::make_shared<server::bench::MixOptions>();
+  auto ro = std::make_shared<server::bench::ReplayOptions>();
+  auto max_batch = std::make_shared<int32_t>(16);
+  auto admission = std::make_shared<std::string>("reserve");
+  auto preempt = std::make_shared<std::string>("lru");
+  auto out = std::make_shared<std::string>();
+  add_model_options(*cmd, *o);
+  add_kv_options(*cmd, *kvo);  // the compressed run's policy (default when none is given: knorm, budget 96, interval 32)
+  cmd->add_option("--seed", mix->seed, "Session mix seed");
+  cmd->add_option("--reasoning", mix->reasoning, "Reasoning sessions (short prompt, long output)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--reasoning-tokens", mix->reasoning_tokens, "Tokens generated per reasoning session")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--chats", mix->chats, "Multi-turn chat sessions sharing a system prompt")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--turns", mix->chat_turns, "Turns per chat")->check(CLI::Range(1, 64));
+  cmd->add_option("--chat-tokens", mix->chat_tokens, "max_tokens per chat turn")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--system-words", mix->system_words, "Words in the shared system prompt")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--documents", mix->documents, "Long-document sessions")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--document-words", mix->document_words, "Words per document")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--rate", mix->arrival_rate, "Session arrivals per second (Poisson; 0: all at once)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--clients", ro->clients, "Sessions in flight at once (client threads)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-batch", *max_batch, "Server: sequences in the running batch")->check(CLI::Range(1, 4096));
+  cmd->add_option("--admission", *admission, "Server admission")->check(CLI::IsMember({"reserve", "watermark"}));
+  cmd->add_option("--preempt", *preempt, "Server preemption victim policy")->check(CLI::IsMember({"lru", "lfu", "priority"}));
+  cmd->add_option("-o,--out", *out, "Also write the Markdown report to this file");
+  cmd->callback([=] {
+    auto model = load_model(*o);
+    const ModelConfig& c = model->config();
+    EngineOptions eo = engine_options(*o);
+    if (eo.kv_pages == 0)  // default: room for two full-context sequences, so the mix has to share
+      eo.kv_pages = 2LL * c.n_layer * c.n_head_kv * ((c.n_ctx + eo.page_size - 1) / eo.page_size);
+    KvOptions compressed = *kvo;
+    if (compressed.policy == "full") {
+      compressed.policy = "knorm";
+      if (compressed.budget == 0) compressed.budget = 96;
+      if (compressed.interval == 128) compressed.interval = 32;
+    }
+    const auto sessions = server::bench::generate_mix(*mix);
+    const std::string arrivals = mix->arrival_rate > 0 ? std::to_string(mix->arrival_rate) + "/s" : "all at t=0";
+    std::printf("# kvpack bench serve\n\nmodel %s (ctx %d), kv pages %lld x %d slots, max batch %d, admission %s, clients %d, seed %llu\n"
+                "mix: %d reasoning (%d tokens, ignore_eos), %d chats x %d turns (%d tokens, shared %d-word system prompt), "
+                "%d documents (%d words), arrivals %s\n\n",
+                c.name.c_str(), c.n_ctx, static_cast<long long>(eo.kv_pages), eo.page_size, *max_batch, admission->c_str(), ro->clients,
+                static_cast<unsigned long long>(mix->seed), mix->reasoning, mix->reasoning_tokens, mix->chats, mix->chat_turns,
+                mix->chat_tokens, mix->system_words, mix->documents, mix->document_words,
+                arrivals.c_str());
+    std::fflush(stdout);
+    std::vector<server::bench::RunStats> runs;
+    for (const KvOptions& use : {KvOptions{}, compressed}) {  // the baseline (no compression), then the policy
+      Engine engine(*model, eo);
+      server::ServerOptions so;
+      so.host = "127.0.0.1";
+      so.port = 0;
+      so.default_kv = kv_config(use, engine);
+      so.max_concurrent = ro->clients + 8;
+      so.scheduler.max_running = *max_batch;
+      so.scheduler.step_tokens = o->batch;
+      so.scheduler.reserve_admission = *admission == "reserve";
+      so.scheduler.preempt = parse_preempt(*preempt);
+      so.scheduler.max_waiting = std::max(256, ro->clients * 2);
+      server::Server srv(engine, so);
+      const int port = srv.start();
+      std::fprintf(stderr, "[kvpack] bench serve: run %s on port %d ...\n", use.policy.c_str(), port);
+      server::bench::RunStats st = server::bench::replay("127.0.0.1", port, sessions, *ro);
+      srv.stop();
+      st.label = use.policy == "full" ? "full" : use.policy + " b" + std::to_string(use.budget);
+      std::fprintf(stderr, "[kvpack] bench serve: %s done in %.1f s (%d/%d sessions)\n", st.label.c_str(), st.wall_s, st.completed,
+                   st.sessions);
+      if (!st.first_error.empty()) std::fprintf(stderr, "[kvpack] bench serve: first failure: %s\n", st.first_error.c_str());
+      runs.push_back(std::move(st));
+    }
+    const std::string table = server::bench::markdown_table(runs);
+    std::printf("%s", table.c_str());
+    if (!out->empty()) {
+      std::ofstream f(*out);
+      if (!f) throw std::runtime_error("cannot write " + *out);
+      f << table;
+    }
+  });
+}
+
+}  // namespace kvpack::cli
