@@ -38,7 +38,7 @@ const Fixture& fx() {
     const std::vector<int32_t> all =
         eval::tokenize_head(x->model->tokenizer(), eval::read_text_file(kShared + "/corpora/austen.txt"), 3 * 512 + 4096);
     x->text.assign(all.begin(), all.begin() + 3 * 512);
-    x->calib = eval::calibrate(*x->model, std::vector<int32_t>(all.begin() + 3 * 512, all.end()), x->eo);
+    x->calib = kvpack::calibrate(*x->model, std::vector<int32_t>(all.begin() + 3 * 512, all.end()), x->eo);
     return x;
   }();
   return *f;

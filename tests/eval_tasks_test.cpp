@@ -220,7 +220,7 @@ TEST(EvalTasks, BudgetAtLeastContextGeneratesExactlyWhatFullGenerates) {
   eo.threads = 1;
   kvpack::Engine engine(model(), eo);
   const auto toks = eval::tokenize_head(model().tokenizer(), eval::read_text_file(kShared + "/corpora/austen.txt"), 2048);
-  engine.set_calibration(eval::calibrate(model(), toks, eo));
+  engine.set_calibration(kvpack::calibrate(model(), toks, eo));
   const int32_t ctx = 512;
   using kvpack::compress::PolicyKind;
   kvpack::compress::CompressConfig full;

@@ -386,11 +386,14 @@ bool Scheduler::step() {
     Seq& s = *batch[i];
     s.n_computed += chunk[i];
     const bool prefill_done = s.n_computed == static_cast<int32_t>(s.tokens.size());
-    // Register full blocks with the prefix cache while the KV still mirrors the token sequence. A
-    // compressed sequence registers only its prompt, and only when the prompt is protected anyway:
-    // registered pages are shared, and shared pages are never evicted, so registering more would stop
-    // compression from freeing anything. (It can still reuse blocks others registered.)
-    const bool may_register = !s.comp || (s.spec.kv.protect_prompt && s.comp->stats().events == 0);
+    // Register full blocks with the prefix cache while the KV still mirrors the token sequence.
+    // Registered pages are shared, and shared pages are never evicted or rewritten, so a compressed
+    // sequence registers only its prompt, before its first compaction, and only when the prompt fits in
+    // its budget (or is protected anyway): a shared system prompt then costs part of each session's
+    // budget once for all sessions, while a long document stays compressible. Any sequence may reuse
+    // blocks that others registered.
+    const bool may_register =
+        !s.comp || (s.comp->stats().events == 0 && (s.spec.kv.protect_prompt || s.n_prompt <= s.spec.kv.budget));
     if (cache_ && may_register) {
       const int32_t ps = engine_->pool().config().page_size;
       const int32_t full = (s.comp ? std::min(s.n_computed, s.n_prompt) : s.n_computed) / ps;
