@@ -283,6 +283,40 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, MatmulIsaType, ::testing::Combine(::testing::
                                   std::string(dtype_name(std::get<1>(info.param)));
                          });
 
+// Every finite fp16 / bf16 bit pattern goes through each path's widening exactly: row o holds pattern o
+// in all its elements and x = (1, 0, 0, ...), so y[o] must equal the decoded weight bit for bit (up to
+// the sign of zero). n_in = 16 uses the full-vector loads, n_in = 1 the tail/masked ones.
+TEST(Matmul, HalfWideningExhaustive) {
+  for (DType type : {DType::F16, DType::BF16}) {
+    std::vector<uint16_t> pats;
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const bool finite = type == DType::F16 ? (h & 0x7c00u) != 0x7c00u : (h & 0x7f80u) != 0x7f80u;
+      if (finite) pats.push_back(static_cast<uint16_t>(h));
+    }
+    const int64_t n_out = static_cast<int64_t>(pats.size());
+    for (int64_t n_in : {1, 16}) {
+      std::vector<uint16_t> W(n_out * n_in);
+      for (int64_t o = 0; o < n_out; ++o)
+        for (int64_t i = 0; i < n_in; ++i) W[o * n_in + i] = pats[o];
+      std::vector<float> x(n_in, 0.0f), y(n_out);
+      x[0] = 1.0f;
+      for (Isa isa : kAllIsas) {
+        if (!cpu_supports(isa)) continue;
+        matmul_with_isa(isa, W.data(), type, n_out, n_in, x.data(), 1, y.data(), nullptr);
+        int bad = 0;
+        for (int64_t o = 0; o < n_out && bad < 5; ++o) {
+          const float want = type == DType::F16 ? fp16_to_f32(pats[o]) : bf16_to_f32(pats[o]);
+          if (!(y[o] == want)) {
+            ++bad;
+            ADD_FAILURE() << isa_name(isa) << " " << dtype_name(type) << " n_in=" << n_in << " pattern 0x" << std::hex
+                          << pats[o] << ": got " << y[o] << " want " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The activation quantiser of every path produces the same bytes (so Q paths differ only in f32
 // summation order), including the ISA-specific bias lane.
 TEST(MatmulActivationQuant, BitIdenticalAcrossIsas) {

@@ -6,8 +6,11 @@
 // (row_bytes(wtype, n_in) bytes; quantized rows are whole blocks). x and y are f32, dense, row stride
 // n_in / n_out. n_tokens == 1 is the decode GEMV; larger n_tokens is prefill or batched decode and must
 // read each weight row once per group of tokens, not once per token.
-// Dispatch: the best path this CPU supports (AVX-512 / AVX2 / portable) is chosen once at start-up.
-// Thread-safety: pure function; parallelises over output rows with `pool` (may be nullptr).
+// Dispatch: the best path this CPU supports (AVX-512 / AVX2 / portable) is chosen once at start-up;
+// KVPACK_ISA=scalar|avx2|avx512 forces one (see kernels/cpu_features.h).
+// Thread-safety: pure function; parallelises over output rows with `pool` (may be nullptr). The split
+// into tasks depends only on the shape, so the result is bitwise identical for any pool size.
+// Supported weight types: F32, F16, BF16, Q8_0, Q4_0 (block layouts in kernels/quant.h).
 #pragma once
 #include <cstdint>
 
@@ -26,6 +29,8 @@ void matmul(const void* W, DType wtype, int64_t n_out, int64_t n_in, const float
 // Dequantises one row of n elements into f32 (embedding lookup, tests, tools).
 void dequantize_row(const void* row, DType type, int64_t n, float* out);
 // Quantises n f32 values into one row of `type` (writer tools, tests). n must be a block multiple.
+// Both handle F32/F16/BF16/Q8_0/Q4_0 (ggml's reference rounding for Q8_0/Q4_0) and throw
+// std::invalid_argument for other types or a partial block.
 void quantize_row(const float* x, DType type, int64_t n, void* out);
 
 // Name of the instruction set the dispatcher picked ("avx512", "avx2", "scalar").

@@ -4,6 +4,13 @@
 
 namespace kvpack {
 
+// Protocol. run() publishes (generation, fn, n_tasks) under the mutex and resets `claim_` to
+// (generation << 32 | 0). Anyone — the caller or a worker holding a snapshot of that generation — takes
+// a task by compare-and-swap on `claim_`, which only succeeds while the generation bits still match, so
+// a late worker can never take a task of a newer run with an older snapshot. The caller returns once
+// `completed_` reaches n_tasks: it never waits for workers that took no task (a worker preempted by
+// another process costs nothing unless it is actually running one of our tasks).
+
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
@@ -18,11 +25,18 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::drain(int thread_index) {
+void ThreadPool::drain(uint64_t gen, int n_tasks, TaskRef* fn, int thread_index) {
   for (;;) {
-    const int task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= n_tasks_) break;
-    (*fn_)(task, thread_index);
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    if ((c >> 32) != (gen & 0xffffffffu)) return;  // a newer run started: our snapshot is stale
+    const auto task = static_cast<int>(c & 0xffffffffu);
+    if (task >= n_tasks) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    (*fn)(task, thread_index);
+    if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_tasks) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
   }
 }
 
@@ -32,20 +46,19 @@ void ThreadPool::run_impl(int n_tasks, TaskRef fn) {
     for (int t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
+  uint64_t gen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
     n_tasks_ = n_tasks;
-    next_task_.store(0, std::memory_order_relaxed);
-    active_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    completed_.store(0, std::memory_order_relaxed);
+    gen = generation_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    claim_.store((gen & 0xffffffffu) << 32, std::memory_order_release);
   }
   cv_.notify_all();
-  drain(0);
-  // Wait for the workers to finish their last task (they may still be inside fn): spin briefly (the
-  // common case on an idle machine is a few microseconds), then sleep so an oversubscribed machine
-  // (CI, other processes) gives the core to the worker that still has work.
-  for (int spin = 0; active_workers_.load(std::memory_order_acquire) != 0; ++spin) {
+  drain(gen, n_tasks, &fn, 0);
+  // Tasks other threads took may still be running: spin briefly, then sleep.
+  for (int spin = 0; completed_.load(std::memory_order_acquire) < n_tasks; ++spin) {
     if (spin < 2000) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
@@ -53,9 +66,10 @@ void ThreadPool::run_impl(int n_tasks, TaskRef fn) {
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       done_cv_.wait_for(lock, std::chrono::microseconds(200),
-                        [&] { return active_workers_.load(std::memory_order_acquire) == 0; });
+                        [&] { return completed_.load(std::memory_order_acquire) >= n_tasks; });
     }
   }
+  std::lock_guard<std::mutex> lock(mu_);
   fn_ = nullptr;
 }
 
@@ -63,28 +77,26 @@ void ThreadPool::worker_loop(int thread_index) {
   uint64_t seen = 0;
   for (;;) {
     // Spin a little: decode issues many short parallel sections back to back.
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < 4000; ++spin) {
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; g == seen && spin < 4000; ++spin) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
-      gen = generation_.load(std::memory_order_acquire);
+      g = generation_.load(std::memory_order_acquire);
     }
-    if (gen == seen) {
+    uint64_t gen;
+    TaskRef* fn;
+    int n_tasks;
+    {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      if (stop_) return;
       gen = generation_.load(std::memory_order_acquire);
+      fn = fn_;
+      n_tasks = n_tasks_;
     }
     seen = gen;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-    }
-    drain(thread_index);
-    if (active_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    if (fn != nullptr) drain(gen, n_tasks, fn, thread_index);
   }
 }
 

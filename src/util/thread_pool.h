@@ -44,7 +44,7 @@ class ThreadPool {
  private:
   void run_impl(int n_tasks, TaskRef fn);
   void worker_loop(int thread_index);
-  void drain(int thread_index);
+  void drain(uint64_t gen, int n_tasks, TaskRef* fn, int thread_index);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -52,8 +52,8 @@ class ThreadPool {
   std::condition_variable cv_;
   std::condition_variable done_cv_;  // the last worker finishing a run() wakes the caller
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> next_task_{0};
-  std::atomic<int> active_workers_{0};
+  std::atomic<uint64_t> claim_{0};  // (generation << 32) | next task index
+  std::atomic<int> completed_{0};
   int n_tasks_ = 0;
   TaskRef* fn_ = nullptr;
   bool stop_ = false;

@@ -1,0 +1,175 @@
+"""Llama / Qwen3-style decoder in torch, numerically the same function kvpack computes for the GGUF it exports.
+
+- RMSNorm (eps from the config) before attention and FFN and at the end; residual stream in fp32.
+- Attention: q/k/v/o without bias; qwen3 adds per-head RMSNorm of q and k (before RoPE); GQA with query head h
+  reading KV head h // (n_head / n_kv_head); scale 1/sqrt(head_dim); causal.
+- RoPE: angle = pos * theta^(-2i/head_dim) (computed in float64, like kvpack's rope_table), pairs
+  (i, i + head_dim/2) for qwen2/qwen3 (NeoX) and (2i, 2i+1) for llama (interleaved).
+- FFN: SwiGLU, down(silu(gate(x)) * up(x)).
+- Output: tied to the token embedding.
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTN_CHUNK = 256
+
+
+@dataclass
+class Config:
+    arch: str = "qwen3"
+    n_vocab: int = 4096
+    n_embd: int = 256
+    n_layer: int = 6
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 768
+    n_ctx: int = 2048
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        xf = x.float()
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(n_pos, head_dim, theta):
+    half = head_dim // 2
+    i = torch.arange(half, dtype=torch.float64)
+    freq = theta ** (-2.0 * i / head_dim)
+    ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * freq[None, :]
+    return torch.cos(ang).float(), torch.sin(ang).float()  # [T, half]
+
+
+def apply_rope(x, cos, sin, neox):
+    """x: [B, H, T, hd] fp32; cos/sin: [T, hd/2]."""
+    if neox:
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.c = c
+        E, H, KV, D = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
+        self.attn_norm = RMSNorm(E, c.rms_eps)
+        self.wq = nn.Linear(E, H * D, bias=False)
+        self.wk = nn.Linear(E, KV * D, bias=False)
+        self.wv = nn.Linear(E, KV * D, bias=False)
+        self.wo = nn.Linear(H * D, E, bias=False)
+        if c.arch == "qwen3":
+            self.q_norm = RMSNorm(D, c.rms_eps)
+            self.k_norm = RMSNorm(D, c.rms_eps)
+        self.ffn_norm = RMSNorm(E, c.rms_eps)
+        self.w_gate = nn.Linear(E, c.n_ff, bias=False)
+        self.w_up = nn.Linear(E, c.n_ff, bias=False)
+        self.w_down = nn.Linear(c.n_ff, E, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        c = self.c
+        B, T, _ = x.shape
+        H, KV, D = c.n_head, c.n_head_kv, c.head_dim
+        h = self.attn_norm(x)
+        q = self.wq(h).view(B, T, H, D).transpose(1, 2)
+        k = self.wk(h).view(B, T, KV, D).transpose(1, 2)
+        v = self.wv(h).view(B, T, KV, D).transpose(1, 2)
+        if c.arch == "qwen3":
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        neox = c.arch != "llama"
+        q = apply_rope(q.float(), cos, sin, neox)
+        k = apply_rope(k.float(), cos, sin, neox)
+        G = H // KV
+        q = q.view(B, KV, G, T, D) * (1.0 / math.sqrt(D))
+        kt = k.unsqueeze(2).transpose(-1, -2)  # [B,KV,1,D,T]
+        vv = v.unsqueeze(2)  # [B,KV,1,T,D]
+        # Causal attention by query chunks: chunk [s, e) only needs keys [0, e). Under bf16 autocast the
+        # scores and probabilities stay bf16 (softmax accumulates in fp32 internally): several times faster
+        # on CPU than fp32 scores + additive mask, and it skips the masked upper blocks.
+        outs = []
+        for s in range(0, T, ATTN_CHUNK):
+            e = min(T, s + ATTN_CHUNK)
+            att = torch.matmul(q[..., s:e, :], kt[..., :e])  # [B,KV,G,e-s,e]
+            att = torch.softmax(att.masked_fill(mask[s:e, :e], float("-inf")), dim=-1)
+            outs.append(torch.matmul(att, vv[..., :e, :]))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)  # [B,KV,G,T,D]
+        y = y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        x = x + self.wo(y)
+        h = self.ffn_norm(x)
+        x = x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.c = c
+        self.tok_embd = nn.Embedding(c.n_vocab, c.n_embd)
+        self.layers = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
+        self.out_norm = RMSNorm(c.n_embd, c.rms_eps)
+        self._tables = {}
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std = 0.02
+        for n, p in self.named_parameters():
+            if p.dim() == 2:
+                s = std / math.sqrt(2 * self.c.n_layer) if n.endswith(("wo.weight", "w_down.weight")) else std
+                nn.init.normal_(p, 0.0, s)
+
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def _rope_mask(self, T, device):
+        key = (T, str(device))
+        if key not in self._tables:
+            cos, sin = rope_tables(T, self.c.head_dim, self.c.rope_theta)
+            mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True: masked
+            self._tables = {key: (cos.to(device), sin.to(device), mask.to(device))}
+        return self._tables[key]
+
+    def forward(self, idx):
+        """idx: [B, T] int64 -> logits [B, T, V] (fp32 or bf16 under autocast)."""
+        T = idx.shape[1]
+        cos, sin, mask = self._rope_mask(T, idx.device)
+        x = self.tok_embd(idx).float()
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.out_norm(x)
+        return F.linear(x, self.tok_embd.weight)
+
+
+def state_for_export(model):
+    """GGUF tensor name -> numpy fp32 array (torch layout)."""
+    c = model.c
+    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    out = {"token_embd.weight": sd["tok_embd.weight"]}
+    names = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight", "wk.weight": "attn_k.weight",
+             "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight", "q_norm.weight": "attn_q_norm.weight",
+             "k_norm.weight": "attn_k_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
+             "w_gate.weight": "ffn_gate.weight", "w_up.weight": "ffn_up.weight", "w_down.weight": "ffn_down.weight"}
+    for l in range(c.n_layer):
+        for ours, theirs in names.items():
+            k = f"layers.{l}.{ours}"
+            if k in sd:
+                out[f"blk.{l}.{theirs}"] = sd[k]
+    out["output_norm.weight"] = sd["out_norm.weight"]
+    return out
