@@ -110,10 +110,11 @@ void SequenceCompressor::score_triattention(const kv::SequenceKv& kv) {
     const int32_t n = kv.n_slots(s);
     std::vector<float>& out = scores_[static_cast<size_t>(s)];
     out.assign(static_cast<size_t>(n), -INFINITY);
-    std::vector<float> tmp(static_cast<size_t>(n));
+    std::vector<float> all(static_cast<size_t>(G) * n);
+    score_triattention_group(kv, mc_, *qstats_, layer, h, C, S, all);
     std::vector<float> live_tmp;
     for (int32_t g = 0; g < G; ++g) {
-      score_triattention_head(kv, mc_, *qstats_, layer, h, h * G + g, C, S, tmp);
+      std::span<float> tmp(all.data() + static_cast<size_t>(g) * n, static_cast<size_t>(n));
       if (cfg_.naive) {  // z-normalise over live slots only (holes are not candidates)
         live_tmp.clear();
         for (int32_t j = 0; j < n; ++j)

@@ -59,32 +59,39 @@ void tri_offset_table(const ModelConfig& c, int64_t t, std::vector<float>& C, st
   }
 }
 
-void score_triattention_head(const kv::SequenceKv& kv, const ModelConfig& c, const QueryStats& qs, int32_t layer,
-                             int32_t kv_head, int32_t q_head, std::span<const float> C, std::span<const float> S,
-                             std::span<float> out) {
-  const int32_t F = qs.n_bands;
+void score_triattention_group(const kv::SequenceKv& kv, const ModelConfig& c, const QueryStats& qs, int32_t layer,
+                              int32_t kv_head, std::span<const float> C, std::span<const float> S, std::span<float> out) {
+  const int32_t F = qs.n_bands, G = c.group();
   const int32_t stream = kv.stream_index(layer, kv_head);
+  const int32_t n = kv.n_slots(stream);
   // Score(k) = Σ_f kr·(q̄r C − q̄i S) + ki·(q̄i C + q̄r S) + (E|q_f| − |q̄_f|)·|k_f|
   // (the mean over offsets of Re(q̄_f conj(k̃_f) e^{iω_f(t+δ)}) is linear in k̃, so it folds into u).
-  std::vector<float> u_re(static_cast<size_t>(F)), u_im(static_cast<size_t>(F)), wn(static_cast<size_t>(F));
-  for (int32_t f = 0; f < F; ++f) {
-    const size_t i = qs.index(layer, q_head, f);
-    const float qr = qs.mean_re[i], qi = qs.mean_im[i];
-    u_re[static_cast<size_t>(f)] = qr * C[static_cast<size_t>(f)] - qi * S[static_cast<size_t>(f)];
-    u_im[static_cast<size_t>(f)] = qi * C[static_cast<size_t>(f)] + qr * S[static_cast<size_t>(f)];
-    wn[static_cast<size_t>(f)] = qs.abs_mean[i] - std::sqrt(qr * qr + qi * qi);
-  }
-  std::vector<float> k(static_cast<size_t>(c.head_dim));
-  for (int32_t j = 0; j < kv.n_slots(stream); ++j) {
-    load_key(kv, stream, j, k.data());
-    double s = 0;
+  std::vector<float> u_re(static_cast<size_t>(G) * F), u_im(static_cast<size_t>(G) * F), wn(static_cast<size_t>(G) * F);
+  for (int32_t g = 0; g < G; ++g)
     for (int32_t f = 0; f < F; ++f) {
-      const float kr = k[static_cast<size_t>(band_re(f, F, c.rope_neox))];
-      const float ki = k[static_cast<size_t>(band_im(f, F, c.rope_neox))];
-      s += kr * u_re[static_cast<size_t>(f)] + ki * u_im[static_cast<size_t>(f)] +
-           wn[static_cast<size_t>(f)] * std::sqrt(kr * kr + ki * ki);
+      const size_t i = qs.index(layer, kv_head * G + g, f);
+      const size_t o = static_cast<size_t>(g) * F + f;
+      const float qr = qs.mean_re[i], qi = qs.mean_im[i];
+      u_re[o] = qr * C[static_cast<size_t>(f)] - qi * S[static_cast<size_t>(f)];
+      u_im[o] = qi * C[static_cast<size_t>(f)] + qr * S[static_cast<size_t>(f)];
+      wn[o] = qs.abs_mean[i] - std::sqrt(qr * qr + qi * qi);
     }
-    out[static_cast<size_t>(j)] = static_cast<float>(s);
+  std::vector<float> k(static_cast<size_t>(c.head_dim)), kr(static_cast<size_t>(F)), ki(static_cast<size_t>(F)), mag(static_cast<size_t>(F));
+  for (int32_t j = 0; j < n; ++j) {
+    load_key(kv, stream, j, k.data());
+    for (int32_t f = 0; f < F; ++f) {
+      kr[static_cast<size_t>(f)] = k[static_cast<size_t>(band_re(f, F, c.rope_neox))];
+      ki[static_cast<size_t>(f)] = k[static_cast<size_t>(band_im(f, F, c.rope_neox))];
+      mag[static_cast<size_t>(f)] = std::sqrt(kr[static_cast<size_t>(f)] * kr[static_cast<size_t>(f)] + ki[static_cast<size_t>(f)] * ki[static_cast<size_t>(f)]);
+    }
+    for (int32_t g = 0; g < G; ++g) {
+      const float* ur = u_re.data() + static_cast<size_t>(g) * F;
+      const float* ui = u_im.data() + static_cast<size_t>(g) * F;
+      const float* w = wn.data() + static_cast<size_t>(g) * F;
+      float s = 0;  // f32 accumulation over <= 64 bands; vectorises
+      for (int32_t f = 0; f < F; ++f) s += kr[static_cast<size_t>(f)] * ur[f] + ki[static_cast<size_t>(f)] * ui[f] + w[f] * mag[static_cast<size_t>(f)];
+      out[static_cast<size_t>(g) * n + j] = s;
+    }
   }
 }
 

@@ -32,11 +32,11 @@ void score_knorm(const kv::SequenceKv& kv, int32_t stream, std::span<float> out)
 // δ ∈ {1, 2, 4, ..., 65536}. ω_f from the model's RoPE (theta, linear scaling).
 void tri_offset_table(const ModelConfig& c, int64_t t, std::vector<float>& C, std::vector<float>& S);
 
-// TriAttention raw score of every slot of stream (layer, kv_head) for ONE query head h, using the
-// offset tables. out has n_slots entries.
-void score_triattention_head(const kv::SequenceKv& kv, const ModelConfig& c, const QueryStats& qs, int32_t layer,
-                             int32_t kv_head, int32_t q_head, std::span<const float> C, std::span<const float> S,
-                             std::span<float> out);
+// TriAttention raw scores of every slot of stream (layer, kv_head) for each of the G query heads of its
+// GQA group, using the offset tables: out[g * n_slots + j]. Each key is read and its band magnitudes
+// computed once for the whole group.
+void score_triattention_group(const kv::SequenceKv& kv, const ModelConfig& c, const QueryStats& qs, int32_t layer,
+                              int32_t kv_head, std::span<const float> C, std::span<const float> S, std::span<float> out);
 
 // Window attention: A[w][n] = max over the GQA group of (q_i · k_j) * scale for the last-w queries of
 // this layer (queries: [w][n_head * head_dim], post-RoPE). Result in `logits` (w * n floats).
