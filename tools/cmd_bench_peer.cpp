@@ -319,6 +319,14 @@ std::string machine_line() {
   return buf;
 }
 
+// "1.23" from /proc/loadavg (1-minute load): on a shared machine, how many other runnable threads there were.
+std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::string one = "?";
+  f >> one;
+  return one;
+}
+
 std::string gib(double b) {
   char s[32];
   if (b >= 1 << 30)
@@ -512,8 +520,8 @@ void add_bench_peer(CLI::App& bench) {
     const size_t bw_bytes = static_cast<size_t>(b->bw_mib) << 20;
     const double bw0 = measure_bandwidth(threads, bw_bytes, 5);
     double bw_max = bw0;  // the machine's bandwidth: best of all measurements in this run
-    std::printf("# bandwidth (%d-thread streaming read of %s, best of 5): %.1f GB/s\n", threads, gib(static_cast<double>(bw_bytes)).c_str(),
-                bw0 / 1e9);
+    std::printf("# bandwidth (%d-thread streaming read of %s, best of 5): %.1f GB/s; load average %s\n", threads,
+                gib(static_cast<double>(bw_bytes)).c_str(), bw0 / 1e9, loadavg().c_str());
     std::fflush(stdout);
 
     // Matmul FLOPs per token (2 per weight element of the layer matrices; the output head separately).
@@ -572,7 +580,8 @@ void add_bench_peer(CLI::App& bench) {
       {
         const double bw = measure_bandwidth(threads, bw_bytes, 3);
         bw_max = std::max(bw_max, bw);
-        std::printf("# bandwidth before depth %d: %.1f GB/s (best so far %.1f GB/s)\n", depth, bw / 1e9, bw_max / 1e9);
+        std::printf("# bandwidth before depth %d: %.1f GB/s (best so far %.1f GB/s); load average %s\n", depth, bw / 1e9, bw_max / 1e9,
+                    loadavg().c_str());
       }
       std::mt19937 r2(static_cast<uint32_t>(b->seed + static_cast<uint64_t>(depth)));
       std::unique_ptr<kv::SequenceKv> synth;
@@ -649,9 +658,9 @@ void add_bench_peer(CLI::App& bench) {
 
     const double bw1 = measure_bandwidth(threads, bw_bytes, 5);
     bw_max = std::max(bw_max, bw1);
-    std::printf("# bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (the table's roofline; the lines above used the "
+    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (the table's roofline; the lines above used the "
                 "best so far)\n",
-                bw1 / 1e9, bw_max / 1e9);
+                loadavg().c_str(), bw1 / 1e9, bw_max / 1e9);
     // Markdown table, ready for docs/performance.md.
     std::printf("\n| phase | kvpack tok/s | llama.cpp tok/s | kvpack / llama.cpp | roofline tok/s | kvpack %% of roofline | llama.cpp %% of roofline |\n");
     std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
