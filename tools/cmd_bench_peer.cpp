@@ -15,8 +15,8 @@
 // embedding is the output head) + KV at that depth (f16 K and V of every layer); for prefill the
 // weights are read once per forward of --batch tokens, so prefill is compute bound and its fraction
 // is small (GFLOP/s are printed too). Bandwidth: a --threads-thread streaming read of a 1 GiB buffer,
-// measured before the runs, before each depth and after the runs; the roofline uses the best of them
-// (on a shared machine a low reading means contention, not a slower memory system).
+// measured before the runs, before each depth (each phase's roofline uses the measurement taken right
+// before it: on a shared machine the bandwidth available moves with other tenants' traffic) and after.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -519,7 +519,8 @@ void add_bench_peer(CLI::App& bench) {
 
     const size_t bw_bytes = static_cast<size_t>(b->bw_mib) << 20;
     const double bw0 = measure_bandwidth(threads, bw_bytes, 5);
-    double bw_max = bw0;  // the machine's bandwidth: best of all measurements in this run
+    double bw_max = bw0;  // best of all measurements in this run (printed at the end)
+    double bw_now = bw0;  // the latest measurement: each phase's roofline uses the one taken right before it
     std::printf("# bandwidth (%d-thread streaming read of %s, best of 5): %.1f GB/s; load average %s\n", threads,
                 gib(static_cast<double>(bw_bytes)).c_str(), bw0 / 1e9, loadavg().c_str());
     std::fflush(stdout);
@@ -535,7 +536,7 @@ void add_bench_peer(CLI::App& bench) {
     struct Row {
       std::string phase;
       int32_t n;
-      double kv_tps, ll_tps, bytes_per_token;
+      double kv_tps, ll_tps, bytes_per_token, bw;  // bw: measured right before the phase
       std::string extra;
     };
     std::vector<Row> rows;
@@ -563,12 +564,12 @@ void add_bench_peer(CLI::App& bench) {
       const double ll_tps = ls.empty() ? 0.0 : P / median(ls);
       // Bytes per prompt token: weights once per forward of `batch` tokens, KV written once.
       const double chunk = std::min(P, o->batch);
-      const double roof = bw_max / (W / chunk + kv_per_token);
+      const double roof = bw_now / (W / chunk + kv_per_token);
       const double flops = 2.0 * layer_params * P + 2.0 * head_params + attn_flops_per_pos * 0.5 * P * P;
       char extra[160];
       std::snprintf(extra, sizeof extra, " compute: kvpack=%.1f llama.cpp=%s GFLOP/s", flops / (P / kv_tps) / 1e9,
                     ll_tps > 0 ? tps(flops / (P / ll_tps) / 1e9).c_str() : "-");
-      rows.push_back({"prefill", P, kv_tps, ll_tps, W / chunk + kv_per_token, extra});
+      rows.push_back({"prefill", P, kv_tps, ll_tps, W / chunk + kv_per_token, bw_now, extra});
       std::printf("prefill n=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.0f tok/s: kvpack=%s llama.cpp=%s |%s\n", P,
                   tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, pct(kv_tps, roof).c_str(),
                   pct(ll_tps, roof).c_str(), extra);
@@ -578,10 +579,9 @@ void add_bench_peer(CLI::App& bench) {
     std::unique_ptr<kv::SequenceKv> real_seq;  // --kvpack-real-fill: one growing sequence, like llama.cpp's
     for (int32_t depth : b->depths) {
       {
-        const double bw = measure_bandwidth(threads, bw_bytes, 3);
-        bw_max = std::max(bw_max, bw);
-        std::printf("# bandwidth before depth %d: %.1f GB/s (best so far %.1f GB/s); load average %s\n", depth, bw / 1e9, bw_max / 1e9,
-                    loadavg().c_str());
+        bw_now = measure_bandwidth(threads, bw_bytes, 3);
+        bw_max = std::max(bw_max, bw_now);
+        std::printf("# bandwidth before depth %d: %.1f GB/s; load average %s\n", depth, bw_now / 1e9, loadavg().c_str());
       }
       std::mt19937 r2(static_cast<uint32_t>(b->seed + static_cast<uint64_t>(depth)));
       std::unique_ptr<kv::SequenceKv> synth;
@@ -646,8 +646,8 @@ void add_bench_peer(CLI::App& bench) {
       // Mean KV read per step over the timed steps (depth grows by one per step).
       const double mean_depth = depth + b->warmup_steps + 0.5 * (b->decode_tokens + rounds);
       const double bytes = W + kv_per_token * mean_depth;
-      const double roof = bw_max / bytes;
-      rows.push_back({"decode", depth, kv_tps, ll_tps, bytes, extra});
+      const double roof = bw_now / bytes;
+      rows.push_back({"decode", depth, kv_tps, ll_tps, bytes, bw_now, extra});
       std::printf("decode depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s llama.cpp=%s |%s\n",
                   depth, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(),
                   pct(kv_tps, roof).c_str(), pct(ll_tps, roof).c_str(), extra.c_str());
@@ -658,17 +658,18 @@ void add_bench_peer(CLI::App& bench) {
 
     const double bw1 = measure_bandwidth(threads, bw_bytes, 5);
     bw_max = std::max(bw_max, bw1);
-    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (the table's roofline; the lines above used the "
-                "best so far)\n",
+    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each roofline uses the measurement "
+                "taken right before its phase; the spread is other tenants' memory traffic)\n",
                 loadavg().c_str(), bw1 / 1e9, bw_max / 1e9);
     // Markdown table, ready for docs/performance.md.
-    std::printf("\n| phase | kvpack tok/s | llama.cpp tok/s | kvpack / llama.cpp | roofline tok/s | kvpack %% of roofline | llama.cpp %% of roofline |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("\n| phase | kvpack tok/s | llama.cpp tok/s | kvpack / llama.cpp | GB/s | bytes/token | roofline tok/s | kvpack %% of roofline | "
+                "llama.cpp %% of roofline |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Row& r : rows) {
-      const double roof = bw_max / r.bytes_per_token;
-      std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
-                  tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), roof, pct(r.kv_tps, roof).c_str(),
-                  pct(r.ll_tps, roof).c_str());
+      const double roof = r.bw / r.bytes_per_token;
+      std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
+                  tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), r.bw / 1e9, gib(r.bytes_per_token).c_str(),
+                  roof, pct(r.kv_tps, roof).c_str(), pct(r.ll_tps, roof).c_str());
     }
   });
 }
