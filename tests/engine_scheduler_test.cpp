@@ -182,6 +182,41 @@ TEST_F(SchedulerTest, CancelFreesPagesAtTheNextStep) {
   EXPECT_EQ(sched.metrics().requests_cancelled, 1);
 }
 
+// Prompts far longer than budget + interval, prefilled in 256-token steps: each chunk ends where the next
+// compression event fires, so no sequence ever holds more than budget + interval slots (what admission
+// projects for it), and the outputs are those of the single-request engine path.
+TEST_F(SchedulerTest, LongPromptPrefillNeverOvershootsBudgetPlusInterval) {
+  Engine engine(*model, EngineOptions{});
+  SchedulerOptions so;
+  so.prefix_cache = false;
+  so.step_tokens = 256;
+  Scheduler sched(engine, so);
+  Results out;
+  std::string longp;
+  for (int i = 0; i < 40; ++i) longp += kPrompts[static_cast<size_t>(i % 8)] + ". ";
+  for (int i = 0; i < 2; ++i) {
+    RequestSpec s = spec(longp + kPrompts[static_cast<size_t>(i)], 40);
+    ASSERT_GT(s.prompt.size(), 300u);
+    s.kv.policy = compress::PolicyKind::KNorm;
+    s.kv.budget = 64;
+    s.kv.interval = 32;
+    submit(sched, s, out);
+  }
+  int64_t peak = 0;
+  for (int i = 0; i < 2000; ++i) {
+    bool all = true;
+    for (const auto& [id, c] : out) all &= c.finished;
+    if (all) break;
+    sched.step();
+    ASSERT_EQ(sched.check_invariants(), "") << "step " << i;
+    peak = std::max(peak, engine.pool().used_pages());
+  }
+  for (const auto& [id, c] : out) EXPECT_EQ(c.completion, 40);
+  // 2 sequences x 20 streams x ceil((64 + 32) / 16) pages (a chunk of 256 would need 20 pages per stream).
+  EXPECT_LE(peak, 2 * 20 * (96 / 16));
+  EXPECT_GT(sched.metrics().compression.events, 2 * 300 / 32 - 4);
+}
+
 TEST_F(SchedulerTest, CompressedSequencesStayNearTheirBudget) {
   Engine engine(*model, EngineOptions{});
   SchedulerOptions so;

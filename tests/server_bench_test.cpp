@@ -93,6 +93,9 @@ TEST(BenchReplay, CompletesEverySessionAgainstTheRealServer) {
   EXPECT_GE(st.ttft_quantile(0.99), st.ttft_quantile(0.5));
   EXPECT_GT(st.prefix_hit_rate(), 0);  // the chats share their system prompt
   EXPECT_GE(st.peak_running, 1);
+  EXPECT_GE(st.peak_long_output, 1);  // two reasoning sessions, each streams 120 tokens
+  EXPECT_LE(st.peak_long_output, 2);
+  EXPECT_LE(st.peak_long_output, st.peak_running);
   const std::string table = bench::markdown_table({st});
   EXPECT_NE(table.find("| run | sessions completed |"), std::string::npos);
   EXPECT_NE(table.find("| knorm | 6/6 |"), std::string::npos);

@@ -87,7 +87,14 @@ void add_bench_serve(CLI::App& bench) {
       if (!st.first_error.empty()) std::fprintf(stderr, "[kvpack] bench serve: first failure: %s\n", st.first_error.c_str());
       runs.push_back(std::move(st));
     }
-    const std::string table = server::bench::markdown_table(runs);
+    std::string table = server::bench::markdown_table(runs);
+    if (runs.size() == 2 && runs[0].peak_long_output > 0) {
+      char line[256];
+      std::snprintf(line, sizeof line, "\nconcurrent long-output sessions at the same KV memory: %s %d vs full %d = %.2fx\n",
+                    runs[1].label.c_str(), runs[1].peak_long_output, runs[0].peak_long_output,
+                    static_cast<double>(runs[1].peak_long_output) / runs[0].peak_long_output);
+      table += line;
+    }
     std::printf("%s", table.c_str());
     if (!out->empty()) {
       std::ofstream f(*out);

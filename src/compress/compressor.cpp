@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "compress/scoring.h"
@@ -87,14 +88,30 @@ std::span<const float> SequenceCompressor::recent_queries(int32_t layer, int32_t
   return qlinear_;
 }
 
+int64_t SequenceCompressor::live_total(const kv::SequenceKv& kv) const {
+  int64_t total = 0;  // live slots (naive mode leaves holes that no longer count)
+  for (int32_t st = 0; st < n_streams_; ++st) total += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
+  return total;
+}
+
+int64_t SequenceCompressor::trigger_threshold() const {
+  // Normally budget + interval; when protected slots (prompt, shared prefix) keep a sequence above its
+  // budget, the next event waits for another full interval instead of firing at every step.
+  return std::max(static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval), next_trigger_);
+}
+
+int32_t SequenceCompressor::tokens_until_trigger(const kv::SequenceKv& kv) const {
+  if (!cfg_.enabled()) return std::numeric_limits<int32_t>::max();
+  // Every token appends one slot to every stream.
+  const int64_t left = (trigger_threshold() - live_total(kv) + n_streams_ - 1) / n_streams_;
+  return static_cast<int32_t>(std::clamp<int64_t>(left, 1, std::numeric_limits<int32_t>::max()));
+}
+
 bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
   if (!cfg_.enabled()) return false;
   const int64_t target = static_cast<int64_t>(n_streams_) * cfg_.budget;
-  int64_t total = 0;  // live slots (naive mode leaves holes that no longer count)
-  for (int32_t st = 0; st < n_streams_; ++st) total += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
-  // Normally budget + interval; when protected slots (prompt, shared prefix) keep a sequence above its
-  // budget, the next event waits for another full interval instead of firing at every step.
-  const int64_t threshold = std::max(static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval), next_trigger_);
+  const int64_t total = live_total(kv);
+  const int64_t threshold = trigger_threshold();
   const bool trigger = total >= threshold || (prefill_done && cfg_.compress_prefill && total > target && total > last_total_after_);
   if (!trigger) return false;
   compress(kv);

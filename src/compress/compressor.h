@@ -45,11 +45,17 @@ class SequenceCompressor : public ForwardObserver {
   bool after_forward(kv::SequenceKv& kv, bool prefill_done);
   // Compresses back to the budget now.
   void compress(kv::SequenceKv& kv);
+  // Tokens that can still be appended before the next scheduled event fires (>= 1). Prefill loops clip
+  // their chunks to it, so a sequence never holds more than budget + interval slots per stream (plus
+  // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
+  int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
   const CompressionStats& stats() const { return stats_; }
 
   void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) override;
 
  private:
+  int64_t live_total(const kv::SequenceKv& kv) const;
+  int64_t trigger_threshold() const;
   void score_all(const kv::SequenceKv& kv);
   void score_triattention(const kv::SequenceKv& kv);
   void score_window_policy(const kv::SequenceKv& kv);

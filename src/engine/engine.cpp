@@ -36,8 +36,10 @@ std::unique_ptr<kv::SequenceKv> Engine::new_sequence() {
 int64_t Engine::prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
                         compress::SequenceCompressor* comp) {
   int64_t peak = kv.pages_held();
-  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(opt_.max_batch_tokens)) {
-    const size_t n = std::min(tokens.size() - i, static_cast<size_t>(opt_.max_batch_tokens));
+  for (size_t i = 0, n = 0; i < tokens.size(); i += n) {
+    n = std::min(tokens.size() - i, static_cast<size_t>(opt_.max_batch_tokens));
+    // A compressed sequence's chunk ends where the next event fires (never above budget + interval).
+    if (comp) n = std::min(n, static_cast<size_t>(comp->tokens_until_trigger(kv)));
     const bool last = i + n == tokens.size();
     BatchItem item;
     item.kv = &kv;

@@ -66,7 +66,8 @@ class Engine {
 
   // Prefills `tokens` into kv in chunks of max_batch_tokens; logits of the last token into `logits`
   // (may be nullptr). With a compressor, compression runs between chunks when the schedule says so,
-  // so a long prompt never holds more than budget + interval + one chunk. Returns the peak pages held.
+  // and chunks end where the next event fires, so a long prompt never holds more than budget + interval
+  // slots per stream (plus protected ones). Returns the peak pages held.
   // Throws std::runtime_error if the pool is exhausted.
   int64_t prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
                   compress::SequenceCompressor* comp = nullptr);

@@ -149,10 +149,13 @@ int64_t Scheduler::projected_pages(const Seq& s) const {
                                              engine_->model().config().n_ctx);
   int64_t len = full_len;
   if (s.spec.kv.enabled()) {
-    // Compression keeps a sequence at most budget + interval; a prompt longer than the budget can
-    // overshoot by one prefill chunk before the next event.
-    const int64_t chunk = static_cast<int64_t>(s.tokens.size()) > s.spec.kv.budget ? opt_.step_tokens : 0;
-    len = std::min<int64_t>(full_len, s.spec.kv.budget + s.spec.kv.interval + chunk);
+    // Compression keeps a sequence at most budget + interval (prefill chunks stop where the next event
+    // fires); protected slots — a prompt under protect_prompt, a shared prefix from the cache — can hold
+    // it above the budget, and then the next event waits a full interval beyond them.
+    int64_t floor = s.spec.kv.budget;
+    if (s.spec.kv.protect_prompt) floor = std::max<int64_t>(floor, s.n_prompt);
+    floor = std::max<int64_t>(floor, s.cached_tokens);
+    len = std::min<int64_t>(full_len, floor + s.spec.kv.interval);
   }
   return n_streams_ * ((len + ps - 1) / ps + (s.spec.kv.enabled() ? 1 : 0));
 }
@@ -332,7 +335,9 @@ bool Scheduler::step() {
       if (s->kv == nullptr) continue;  // preempted during this planning
       const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->n_computed;
       if (pending <= 0 || budget <= 0) continue;
-      const int32_t n = std::min(pending, budget);
+      // A compressed sequence's prefill chunk ends where its next compression event fires, so it never
+      // holds more than budget + interval (what admission projected for it).
+      const int32_t n = std::min({pending, budget, s->comp ? s->comp->tokens_until_trigger(*s->kv) : pending});
       budget -= n;
       need += s->kv->pages_needed(n);
       batch.push_back(s);

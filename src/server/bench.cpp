@@ -220,6 +220,8 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
   std::mutex mu;
   size_t next = 0;
   const auto start = Clock::now();
+  std::vector<std::pair<double, int>> long_output_events;  // (time s, +1 first token / -1 end)
+  auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.timeout_s));
   auto worker = [&] {
     for (;;) {
@@ -246,8 +248,14 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
         } else {
           body["prompt"] = turn.text;
         }
+        const double t0 = since_start();
         const Outcome r = request(host, port, path, body, o, api_key, deadline);
+        const double t1 = since_start();
         std::lock_guard<std::mutex> lock(mu);
+        if (r.ok && r.ttft >= 0 && s.kind == Session::Kind::Reasoning) {
+          long_output_events.emplace_back(t0 + r.ttft, +1);
+          long_output_events.emplace_back(t1, -1);
+        }
         ++st.requests;
         st.retries += r.retries;
         ok = r.ok;
@@ -269,6 +277,8 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
   for (int32_t c = 0; c < std::max(1, o.clients); ++c) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   st.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  std::sort(long_output_events.begin(), long_output_events.end());  // ends before starts at equal times
+  for (int32_t cur = 0; const auto& e : long_output_events) st.peak_long_output = std::max(st.peak_long_output, cur += e.second);
 
   httplib::Client cli(host, port);
   httplib::Headers h;
@@ -286,13 +296,13 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
 
 std::string markdown_table(const std::vector<RunStats>& runs) {
   std::string s =
-      "| run | sessions completed | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | prefix hit rate | "
+      "| run | sessions completed | peak concurrent long-output sessions | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | prefix hit rate | "
       "freed pages | reclaim eff. | requests | retries | wall s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[512];
   for (const auto& r : runs) {
-    std::snprintf(buf, sizeof buf, "| %s | %d/%d | %lld | %.1f | %.1f | %.1f | %lld | %.1f%% | %lld | %.2f | %lld | %lld | %.1f |\n",
-                  r.label.c_str(), r.completed, r.sessions, static_cast<long long>(r.peak_running), r.output_tok_s(),
+    std::snprintf(buf, sizeof buf, "| %s | %d/%d | %d | %lld | %.1f | %.1f | %.1f | %lld | %.1f%% | %lld | %.2f | %lld | %lld | %.1f |\n",
+                  r.label.c_str(), r.completed, r.sessions, r.peak_long_output, static_cast<long long>(r.peak_running), r.output_tok_s(),
                   1e3 * r.ttft_quantile(0.5), 1e3 * r.ttft_quantile(0.99), static_cast<long long>(r.preemptions),
                   100.0 * r.prefix_hit_rate(), static_cast<long long>(r.freed_pages), r.reclaim_efficiency,
                   static_cast<long long>(r.requests), static_cast<long long>(r.retries), r.wall_s);

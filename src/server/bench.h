@@ -63,6 +63,9 @@ struct RunStats {
   std::string first_error;     // of the first failed request (HTTP status and message)
   // From the server's /metrics after the run.
   int64_t peak_running = 0, preemptions = 0, freed_pages = 0, prefix_hit_tokens = 0;
+  // Client side: most reasoning (long-output) sessions streaming at the same moment, each counted from
+  // its first token to its last — the capacity figure the compression target is about.
+  int32_t peak_long_output = 0;
   double reclaim_efficiency = 0;
 
   double output_tok_s() const { return wall_s > 0 ? static_cast<double>(completion_tokens) / wall_s : 0; }
