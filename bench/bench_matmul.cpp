@@ -7,6 +7,7 @@
 //   stream_sum/threads:T            read bandwidth: sum of a 512 MB buffer           -> "bytes" rate
 //   gemv/TYPE/NINxNOUT/ISA/threads:T  n_tokens = 1: y = W x                           -> "weights" rate
 //   prefill/TYPE/NINxNOUT/tok:N/ISA/threads:T                                         -> "flops" rate
+// TYPE: F16, Q8_0, BF16, Q4_0, Q4_K, F32.
 // Rates are SI (G = 1e9). threads:1 runs are timed by the calling thread's CPU time (it does all the
 // work), so they stay meaningful on a shared machine where the thread gets preempted; threads:2 runs use
 // wall time and need an otherwise idle machine. Weights rotate over >= 512 MB of copies, so every call streams them from DRAM
@@ -151,7 +152,7 @@ void register_all() {
                                         threads),
            threads)
         ->Unit(benchmark::kMillisecond);
-  for (DType type : {DType::F16, DType::Q8_0, DType::BF16, DType::Q4_0, DType::F32}) {
+  for (DType type : {DType::F16, DType::Q8_0, DType::BF16, DType::Q4_0, DType::Q4_K, DType::F32}) {
     for (const Shape& s : kShapes) {
       for (Isa isa : isas) {
         for (int threads : {1, 2}) {
@@ -164,14 +165,18 @@ void register_all() {
         }
       }
     }
-    // Prefill / batched decode: several tokens per weight pass.
+    // Prefill / batched decode: several tokens per weight pass. threads:1 (CPU time of the calling thread,
+    // which does all the work) is the number to compare on a shared machine; threads:2 needs an idle one.
     for (int64_t n_tok : {4, 8, 64}) {
       for (Isa isa : isas) {
-        const std::string name = "prefill/" + std::string(kvpack::dtype_name(type)) + "/ffn_up_1024x3072/tok:" +
-                                 std::to_string(n_tok) + "/" + isa_name(isa) + "/threads:2";
-        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, type, int64_t{1024}, int64_t{3072}, n_tok, 2)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+        for (int threads : {1, 2}) {
+          const std::string name = "prefill/" + std::string(kvpack::dtype_name(type)) + "/ffn_up_1024x3072/tok:" +
+                                   std::to_string(n_tok) + "/" + isa_name(isa) + "/threads:" + std::to_string(threads);
+          timing(benchmark::RegisterBenchmark(name.c_str(), bm_matmul, isa, type, int64_t{1024}, int64_t{3072}, n_tok,
+                                              threads),
+                 threads)
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

@@ -33,7 +33,8 @@ DType parse_type(const std::string& t) {
   if (t == "f16") return DType::F16;
   if (t == "bf16") return DType::BF16;
   if (t == "q8_0") return DType::Q8_0;
-  throw std::invalid_argument("unknown weight type '" + t + "' (f32, f16, bf16, q8_0)");
+  if (t == "q4_k") return DType::Q4_K;
+  throw std::invalid_argument("unknown weight type '" + t + "' (f32, f16, bf16, q8_0, q4_k)");
 }
 
 }  // namespace
@@ -71,7 +72,7 @@ void add_gen_model(CLI::App& app) {
   cmd->add_option("--ctx", s->n_ctx, "Context length");
   cmd->add_option("--rope-theta", s->rope_theta, "RoPE base");
   cmd->add_flag("--tied", s->tied_embeddings, "Tie output and token embeddings");
-  cmd->add_option("--type", *type, "Weight type: f32, f16, bf16, q8_0");
+  cmd->add_option("--type", *type, "Weight type: f32, f16, bf16, q8_0, q4_k (Q4_K for all 2-D weights but token_embd/output, which stay Q8_0; dims must be multiples of 256)");
   cmd->add_option("--seed", s->seed, "Seed");
   cmd->add_option("-o,--output", *out, "Output GGUF path")->required();
   cmd->callback([=] {

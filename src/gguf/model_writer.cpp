@@ -68,6 +68,7 @@ void encode_row(const float* x, uint64_t n, DType type, uint8_t* out) {
       }
       break;
     case DType::Q8_0: quantize_q8_0(x, n, out); break;
+    case DType::Q4_K: quantize_q4_k(x, static_cast<int64_t>(n), out); break;  // util/dtype.h
     default: bad_spec("unsupported weight type " + std::string(dtype_name(type)));
   }
 }
@@ -180,10 +181,16 @@ uint32_t llama_file_type(DType t) {  // LLAMA_FTYPE_*
     case DType::F32: return 0;   // ALL_F32
     case DType::F16: return 1;   // MOSTLY_F16
     case DType::Q8_0: return 7;  // MOSTLY_Q8_0
+    case DType::Q4_K: return 14; // MOSTLY_Q4_K_S (see embd_type: no Q5_K/Q6_K tensors here)
     case DType::BF16: return 32; // MOSTLY_BF16
     default: return 0;
   }
 }
+
+// Type of token_embd.weight / output.weight. For Q4_K files both stay Q8_0, standing in for the Q6_K
+// that llama.cpp's Q4_K_S/Q4_K_M mixes give the output matrix (kvpack has no Q6_K kernel); every other
+// 2-D weight is Q4_K.
+DType embd_type(DType weight_type) { return weight_type == DType::Q4_K ? DType::Q8_0 : weight_type; }
 
 }  // namespace
 
@@ -234,8 +241,8 @@ void RandomModelSpec::validate() const {
   if (n_vocab < min_vocab(arch)) bad_spec("n_vocab must be at least " + std::to_string(min_vocab(arch)));
   if (!(rope_theta > 0) || !(rms_eps > 0)) bad_spec("rope_theta and rms_eps must be positive");
   if (weight_type != DType::F32 && weight_type != DType::F16 && weight_type != DType::BF16 &&
-      weight_type != DType::Q8_0)
-    bad_spec("weight type must be F32, F16, BF16 or Q8_0");
+      weight_type != DType::Q8_0 && weight_type != DType::Q4_K)
+    bad_spec("weight type must be F32, F16, BF16, Q8_0 or Q4_K");
   // Every 2-D weight's row (input) length must be a whole number of blocks.
   const uint32_t blk = traits(weight_type).block_elems;
   if (n_embd % blk || (n_head * head_dim) % blk || n_ff % blk)
@@ -250,7 +257,8 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
   w.set_string("general.name", "kvpack random weights (" + a + ", seed " + std::to_string(s.seed) +
                                    ") - not a trained model");
   w.set_u32("general.file_type", llama_file_type(s.weight_type));
-  if (s.weight_type == DType::Q8_0) w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
+  if (s.weight_type == DType::Q8_0 || s.weight_type == DType::Q4_K)
+    w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
   w.set_u32(a + ".context_length", s.n_ctx);
   w.set_u32(a + ".embedding_length", s.n_embd);
   w.set_u32(a + ".block_count", s.n_layer);
@@ -280,10 +288,11 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
   const uint64_t E = s.n_embd, V = s.n_vocab, F = s.n_ff, hd = s.head_dim;
   const uint64_t q_dim = uint64_t{s.n_head} * hd, kv_dim = uint64_t{s.n_head_kv} * hd;
   // 2-D weight [in, out]: uniform with std 1/sqrt(in) keeps activations O(1) through each layer.
-  auto weight = [&](const std::string& name, uint64_t in, uint64_t out) {
+  auto weight = [&](const std::string& name, uint64_t in, uint64_t out, DType type) {
     const float scale = std::sqrt(3.0f / static_cast<float>(in));
-    w.add_tensor_stream(name, {in, out}, s.weight_type, make_source(s.seed, name, in, s.weight_type, {false, scale}));
+    w.add_tensor_stream(name, {in, out}, type, make_source(s.seed, name, in, type, {false, scale}));
   };
+  const DType wt = s.weight_type, et = embd_type(s.weight_type);
   auto norm = [&](const std::string& name, uint64_t n) {
     w.add_tensor_stream(name, {n}, DType::F32, make_source(s.seed, name, n, DType::F32, {true, 0}));
   };
@@ -291,28 +300,28 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     w.add_tensor_stream(name, {n}, DType::F32, make_source(s.seed, name, n, DType::F32, {false, 0.02f}));
   };
 
-  weight("token_embd.weight", E, V);
+  weight("token_embd.weight", E, V, et);
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     norm(p + "attn_norm.weight", E);
-    weight(p + "attn_q.weight", E, q_dim);
+    weight(p + "attn_q.weight", E, q_dim, wt);
     if (a == "qwen2") bias(p + "attn_q.bias", q_dim);
-    weight(p + "attn_k.weight", E, kv_dim);
+    weight(p + "attn_k.weight", E, kv_dim, wt);
     if (a == "qwen2") bias(p + "attn_k.bias", kv_dim);
-    weight(p + "attn_v.weight", E, kv_dim);
+    weight(p + "attn_v.weight", E, kv_dim, wt);
     if (a == "qwen2") bias(p + "attn_v.bias", kv_dim);
-    weight(p + "attn_output.weight", q_dim, E);
+    weight(p + "attn_output.weight", q_dim, E, wt);
     if (a == "qwen3") {
       norm(p + "attn_q_norm.weight", hd);
       norm(p + "attn_k_norm.weight", hd);
     }
     norm(p + "ffn_norm.weight", E);
-    weight(p + "ffn_gate.weight", E, F);
-    weight(p + "ffn_up.weight", E, F);
-    weight(p + "ffn_down.weight", F, E);
+    weight(p + "ffn_gate.weight", E, F, wt);
+    weight(p + "ffn_up.weight", E, F, wt);
+    weight(p + "ffn_down.weight", F, E, wt);
   }
   norm("output_norm.weight", E);
-  if (!s.tied_embeddings) weight("output.weight", E, V);
+  if (!s.tied_embeddings) weight("output.weight", E, V, et);
 }
 
 void write_random_model(const RandomModelSpec& spec, const std::string& path) {

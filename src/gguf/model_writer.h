@@ -29,7 +29,9 @@ struct RandomModelSpec {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // true: no output.weight, the output reuses token_embd.weight
-  DType weight_type = DType::F32;  // 2-D weights: F32, F16, BF16 or Q8_0; norms and biases stay F32
+  // 2-D weights: F32, F16, BF16, Q8_0 or Q4_K; norms and biases stay F32. Q4_K (a Q4_K_S-like mix):
+  // token_embd / output stay Q8_0 and n_embd, n_head * head_dim, n_ff must be multiples of 256.
+  DType weight_type = DType::F32;
   uint64_t seed = 0;
 
   // "qwen3-0.6b" (Qwen3-0.6B shape, F16), and tiny test models "tiny-llama", "tiny-qwen2",
@@ -37,7 +39,7 @@ struct RandomModelSpec {
   static RandomModelSpec preset(std::string_view name);
 
   // Throws Error describing the first inconsistency (unknown arch, head_dim mismatch, dims that are
-  // not block multiples for Q8_0, vocab too small, ...).
+  // not block multiples for Q8_0 / Q4_K, vocab too small, ...).
   void validate() const;
 };
 

@@ -19,7 +19,8 @@ ActLayout act_layout(int64_t n_in) {
   const size_t nb = static_cast<size_t>(n_in) / kQBlock;
   auto up = [](size_t v) { return (v + 63) / 64 * 64; };
   const size_t qs = up(nb * 32), d = up(nb * 8 * sizeof(float)), b = up(nb * 8 * sizeof(int32_t));
-  return ActLayout{0, qs, qs + d, qs + d + b};
+  const size_t s = up(nb * sizeof(float));
+  return ActLayout{0, qs, qs + d, qs + d + b, qs + d + b + s, qs + d + b + 2 * s};
 }
 }  // namespace detail
 
@@ -33,6 +34,7 @@ int wkind(DType t) {
     case DType::BF16: return detail::kBF16;
     case DType::Q8_0: return detail::kQ8_0;
     case DType::Q4_0: return detail::kQ4_0;
+    case DType::Q4_K: return detail::kQ4_K;
     default: return -1;
   }
 }
@@ -45,7 +47,7 @@ const IsaKernels& isa_kernels(Isa isa) {
   }
 }
 
-// Per-thread scratch for the quantised activations of Q8_0 / Q4_0 matmuls. It grows to the largest
+// Per-thread scratch for the quantised activations of Q8_0 / Q4_0 / Q4_K matmuls. It grows to the largest
 // request seen on this thread (n_tokens * ~3 * n_in bytes, e.g. 3 KB per token for n_in = 1024) and is
 // reused, so steady-state calls allocate nothing; it is freed when the thread exits. Only the calling
 // thread writes it; the pool's workers read it while the caller waits inside pool->run().
@@ -85,10 +87,11 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   if (kind < 0) throw std::invalid_argument("matmul: unsupported weight type " + std::string(dtype_name(wtype)));
   if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul: ISA not supported: ") + isa_name(isa));
   if (n_out < 0 || n_in < 0 || n_tokens < 0) throw std::invalid_argument("matmul: negative dimension");
-  const bool quantized = kind == detail::kQ8_0 || kind == detail::kQ4_0;
-  if (quantized && n_in % detail::kQBlock != 0)
-    throw std::invalid_argument("matmul: n_in " + std::to_string(n_in) + " is not a multiple of 32 for " +
-                                std::string(dtype_name(wtype)));
+  const bool quantized = kind == detail::kQ8_0 || kind == detail::kQ4_0 || kind == detail::kQ4_K;
+  const int64_t block = kind == detail::kQ4_K ? detail::kQKBlock : detail::kQBlock;
+  if (quantized && n_in % block != 0)
+    throw std::invalid_argument("matmul: n_in " + std::to_string(n_in) + " is not a multiple of " +
+                                std::to_string(block) + " for " + std::string(dtype_name(wtype)));
   if (n_out == 0 || n_tokens == 0) return;
   if (n_in == 0) {
     std::fill(y, y + n_out * n_tokens, 0.0f);

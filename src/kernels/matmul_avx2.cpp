@@ -215,6 +215,82 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
   }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Q4_K x int8 activations. A super-block's 8 sub-blocks line up with 8 activation blocks; per sub-block
+// j the raw nibbles (0..15, unsigned operand of vpmaddubsw; pair sums <= 2 * 15 * 127, no saturation)
+// give an exact int32 dot, scaled by (d sc_j) d_x; the mins subtract (dmin m_j) * xsum_j once per
+// super-block (8 lanes, one FMA). d sc_j and dmin m_j are exact in f32.
+
+struct WQ4K {};
+template <class Wq>
+constexpr bool kIsQ4K = false;
+template <>
+constexpr bool kIsQ4K<WQ4K> = true;
+
+// d sc_j and dmin m_j (lanes j) of one block. The 12 packed scale bytes unpack word-wise (see
+// matmul_internal.h), two words per lane pair: lanes {0, 2} are u0 & 0x3f.., u1 & 0x3f..; lanes {1, 3}
+// take their low 4 bits from u2 (>> 0 / >> 4) and bits 4-5 from bits 6-7 of u0 / u1, i.e.
+// (u >> 2) & 0x30... Reads blk + 0 .. blk + 19, inside the block.
+inline void q4k_scales(const uint8_t* blk, __m256* scf, __m256* mnf) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0 u2 u1 u2
+  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0 u0 u1 u1
+  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                   _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i bytes = _mm_or_si128(lo, hi);  // sc[0..7], m[0..7]
+  const uint32_t d_dmin = load_u16(blk) | static_cast<uint32_t>(load_u16(blk + 2)) << 16;
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));  // d, dmin
+  *scf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_broadcastss_ps(f));
+  *mnf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))),
+                       _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+}
+
+// out[t] = dot(row, token t), t < T; one sequential pass over the row, each nibble unpack shared by T tokens.
+template <int T>
+void dot_q4k(const uint8_t* row, int64_t nsb, const uint8_t* const* acts, const ActLayout& L, float* out) {
+  constexpr int U = T <= 2 ? 2 : 1;
+  __m256 acc[U][T];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0f);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = row + sb * kQ4KBytes;
+    __m256 scf, mnf;
+    q4k_scales(blk, &scf, &mnf);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t)
+      acc[0][t] = _mm256_fnmadd_ps(mnf, _mm256_load_ps(reinterpret_cast<const float*>(acts[t] + L.sum_off) + sb * 8),
+                                   acc[0][t]);
+    // (d sc_j) d_x,j for the 8 sub-blocks and each token: one multiply per super-block and token.
+    __m256 C[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t)
+      C[t] = _mm256_mul_ps(scf, _mm256_load_ps(reinterpret_cast<const float*>(acts[t] + L.dc_off) + sb * 8));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
+      const __m256i w0 = _mm256_and_si256(q, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+      const __m256i i0 = _mm256_set1_epi32(2 * p), i1 = _mm256_set1_epi32(2 * p + 1);
+      const int64_t b0 = sb * 8 + 2 * p;
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* act = acts[t];
+        const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32));
+        const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32 + 32));
+        const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), ones);
+        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), ones);
+        acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_permutevar8x32_ps(C[t], i0), acc[0][t]);
+        acc[U - 1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_permutevar8x32_ps(C[t], i1), acc[U - 1][t]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) out[t] = hsum(U > 1 ? _mm256_add_ps(acc[0][t], acc[U - 1][t]) : acc[0][t]);
+}
+
 // One row at a time (sequential weight stream); T tokens share each weight load.
 template <class Wq, int T>
 void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
@@ -222,7 +298,10 @@ void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
   for (int64_t r = a.r0; r < a.r1; ++r) {
     const uint8_t* row = a.W + r * a.row_bytes;
     float out[T];
-    dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
+    if constexpr (kIsQ4K<Wq>)
+      dot_q4k<T>(row, a.n_in / kQKBlock, acts, a.act, out);
+    else
+      dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
     for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
   }
 }
@@ -274,6 +353,8 @@ void quant_act_avx2(const float* x, int64_t n_in, int bias_k, const ActLayout& L
     _mm256_storeu_ps(reinterpret_cast<float*>(base + L.d_off) + b * 8, _mm256_set1_ps(d));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<int32_t*>(base + L.bias_off) + b * 8),
                         _mm256_setr_epi32(-bias_k * sum, 0, 0, 0, 0, 0, 0, 0));
+    reinterpret_cast<float*>(base + L.sum_off)[b] = d * static_cast<float>(sum);
+    reinterpret_cast<float*>(base + L.dc_off)[b] = d;
   }
 }
 
@@ -281,9 +362,9 @@ void quant_act_avx2(const float* x, int64_t n_in, int bias_k, const ActLayout& L
 
 const IsaKernels& kernels_avx2() {
   static const IsaKernels k = {
-      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>},
+      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>, rows_q<WQ4K>},
       quant_act_avx2,
-      {0, 0, 0, 0, 8},
+      {0, 0, 0, 0, 8, 0},
   };
   return k;
 }

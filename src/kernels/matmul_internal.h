@@ -14,19 +14,31 @@
 namespace kvpack::kernels::detail {
 
 // Weight encodings the kernels handle (index into IsaKernels::rows).
-enum WKind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3, kQ4_0 = 4, kNumWKinds = 5 };
+enum WKind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3, kQ4_0 = 4, kQ4_K = 5, kNumWKinds = 6 };
 
-constexpr int kQBlock = 32;  // elements per Q8_0 / Q4_0 block
+constexpr int kQBlock = 32;    // elements per Q8_0 / Q4_0 block, per Q4_K sub-block, per activation block
+constexpr int kQKBlock = 256;  // elements per Q4_K super-block
+constexpr int kQ4KBytes = 144;
 
-// Quantised activations for the integer-dot kernels (Q8_0 and Q4_0 weights). Layout of one token
+// Q4_K block (ggml block_q4_K, layout in util/dtype.h): f16 d at +0, f16 dmin at +2, 12 packed scale
+// bytes at +4, 128 nibble bytes at +16. The packed 6-bit scales unpack with 32-bit word operations:
+// with u0, u1, u2 the little-endian words at +4, +8, +12,
+//   sc[0..3] = bytes of u0 & 0x3f3f3f3f
+//   sc[4..7] = bytes of (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
+//   m[0..3]  = bytes of u1 & 0x3f3f3f3f
+//   m[4..7]  = bytes of ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
+
+// Quantised activations for the integer-dot kernels (Q8_0, Q4_0 and Q4_K weights). Layout of one token
 // (nb = n_in / 32 blocks), same for every ISA so the quantisation is bit-identical across paths:
 //   int8_t  qs[nb][32]      q = round_nearest_even(x * id), id = 127 / amax (0 if amax == 0)
 //   float   d8[nb][8]       d = amax / 127, replicated 8x (a ready-made ymm/zmm scale operand)
 //   int32_t bias8[nb][8]    lane 0 = -K * sum(qs of block), lanes 1..7 = 0. K is the offset the
 //                           ISA's unsigned x signed dot trick needs (see act_bias_k); 0 = unused.
+//   float   xsum[nb]        d * (float)sum(qs of block) (one f32 rounding; Q4_K's min term)
+//   float   dc[nb]          d, compact (Q4_K: 8 sub-block scales with one load)
 // The token stride is rounded up to 64 bytes; every part starts 64-byte aligned when the base is.
 struct ActLayout {
-  size_t qs_off, d_off, bias_off, stride;
+  size_t qs_off, d_off, bias_off, sum_off, dc_off, stride;
 };
 // Defined in matmul.cpp (not inline here: see the ODR note above); the driver passes it to the kernels.
 ActLayout act_layout(int64_t n_in);

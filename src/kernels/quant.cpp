@@ -58,6 +58,10 @@ void dequantize_row(const void* row, DType type, int64_t n, float* out) {
       }
       return;
     }
+    case DType::Q4_K:
+      check_blocks(type, n, kQ4_KBlock);
+      dequantize_q4_k(row, n, out);
+      return;
     default:
       throw std::invalid_argument("dequantize_row: unsupported type " + std::string(dtype_name(type)));
   }
@@ -123,6 +127,11 @@ void quantize_row(const float* x, DType type, int64_t n, void* out) {
       }
       return;
     }
+    case DType::Q4_K:
+      // Reference quantiser shared with the GGUF model writer (util/dtype.h documents the method).
+      check_blocks(type, n, kQ4_KBlock);
+      quantize_q4_k(x, n, out);
+      return;
     default:
       throw std::invalid_argument("quantize_row: unsupported type " + std::string(dtype_name(type)));
   }

@@ -47,4 +47,34 @@ inline uint64_t row_bytes(DType t, uint64_t n) {
   return n / tr.block_elems * tr.block_bytes;
 }
 
+// ---- Q4_K (ggml block_q4_K) reference codec ------------------------------------------------------
+// It lives in this lowest layer because both the GGUF model writer (gguf layer) and the kernels
+// (kernels::quantize_row / dequantize_row) encode Q4_K and neither layer may depend on the other.
+// Block of 256 elements, 144 bytes (layout struct: kernels::BlockQ4_K in kernels/quant.h):
+//   f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales sc[8] and mins m[8], 128 bytes of nibbles.
+//   Sub-block j (elements 32 j .. 32 j + 31) decodes as value = (d * sc[j]) * q - (dmin * m[j]);
+//   the nibbles of 64 elements 64 p .. 64 p + 63 sit in qs[32 p .. 32 p + 31]: element 64 p + i in
+//   the low nibble of qs[32 p + i], element 64 p + 32 + i in its high nibble.
+//   Scale packing (as ggml's get_scale_min_k4): for j < 4, sc[j] and m[j] are the low 6 bits of
+//   bytes 0..3 and 4..7; for j >= 4, byte 8 + (j - 4) holds sc[j] & 15 (low nibble) and m[j] & 15 (high
+//   nibble) and their top 2 bits are the top 2 bits of bytes j - 4 (sc) and j (m).
+constexpr int kQ4KBlock = 256;
+constexpr int kQ4KBytes = 144;
+
+// Unpacks the 12 scale bytes into sc[8] and m[8] (each 0..63).
+void q4_k_unpack_scales(const uint8_t* scales12, uint8_t sc[8], uint8_t m[8]);
+// Packs sc[8], m[8] (each 0..63) into 12 bytes.
+void q4_k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t* scales12);
+
+// Quantises n values (n a multiple of 256, checked by callers) into n / 256 blocks. A reference
+// quantiser in the style of ggml's quantize_row_q4_K_ref / make_qkx2_quants, not bit-identical to it:
+// per sub-block, a weighted least-squares search over 21 candidate steps for (scale, min <= 0) with
+// importance weights rms(sub-block) + |x|; then d = max scale / 63 and dmin = max min / 63 (f16), the
+// 6-bit sc/m rounded against the f16-rounded d/dmin, and every nibble re-rounded with its final
+// effective step and offset. Deterministic; non-finite inputs give unspecified (but finite-index) codes.
+void quantize_q4_k(const float* x, int64_t n, void* out);
+// Decodes n / 256 blocks: out = (d * sc) * q - (dmin * m), each product exact in f32, one rounding for
+// the difference (as ggml's dequantize_row_q4_K).
+void dequantize_q4_k(const void* in, int64_t n, float* out);
+
 }  // namespace kvpack
