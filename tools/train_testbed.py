@@ -86,6 +86,8 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=float, default=30.0, help="seconds between train-log rows")
     ap.add_argument("--check-gguf", action="store_true", help="only: export the checkpoint and check the GGUF")
     ap.add_argument("--export-only", action="store_true", help="only: export the checkpoint to OUT/model.gguf")
+    ap.add_argument("--skip-check", action="store_true",
+                    help="no GGUF check / final kvpack eval (recipe exploration where the kvpack binary cannot run)")
     return ap.parse_args(argv)
 
 
@@ -559,9 +561,9 @@ def main(argv=None):
     gguf, size = run.export()
     if a.export_only:
         return
-    check = run.check(gguf)
+    check = None if a.skip_check else run.check(gguf)
     final = None
-    if a.final_eval_n > 0 and not a.check_gguf:
+    if a.final_eval_n > 0 and not a.check_gguf and not a.skip_check:
         final = run.final_eval(gguf)
     run.plot()
     run.summary(gguf, size, check, final)
