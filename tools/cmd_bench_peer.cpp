@@ -43,6 +43,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "compress/compressor.h"
+#include "engine/calibrate.h"
 #include "options.h"
 #include "util/half.h"
 
@@ -324,6 +326,30 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
   return steps;
 }
 
+// Mean seconds per step over `n` decode steps with the compressor active (its events, which fire every
+// `interval` steps, are part of the time: a compressed sequence pays for its compaction), after `warmup`
+// untimed steps. Returns {seconds per step, compression events during the timed steps}.
+std::pair<double, int64_t> kvpack_compressed_steps(Engine& engine, kv::SequenceKv& seq, compress::SequenceCompressor& comp,
+                                                   int32_t warmup, int32_t n, std::mt19937& rng) {
+  const int32_t V = engine.model().config().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(V));
+  int32_t tok = random_tokens(1, V, rng)[0];
+  double t_start = 0;
+  int64_t events0 = 0;
+  for (int32_t i = 0; i < warmup + n; ++i) {
+    if (i == warmup) t_start = now_s(), events0 = comp.stats().events;
+    BatchItem item;
+    item.kv = &seq;
+    item.tokens = std::span<const int32_t>(&tok, 1);
+    item.logits = logits.data();
+    comp.prepare(seq, item);
+    if (!engine.forward().run(std::span<BatchItem>(&item, 1), &comp)) throw std::runtime_error("KV pool exhausted");
+    comp.after_forward(seq, false);
+    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  return {(now_s() - t_start) / n, comp.stats().events - events0};
+}
+
 // ---------------------------------------------------------------------------------------------
 
 std::string machine_line() {
@@ -475,9 +501,11 @@ void add_bench_peer(CLI::App& bench) {
                                            "with the memory-bandwidth roofline measured in the same run");
   auto o = std::make_shared<ModelOptions>();
   auto b = std::make_shared<PeerOptions>();
+  auto kvo = std::make_shared<KvOptions>();
   o->kv_type = "f16";  // llama.cpp's default KV type
   o->batch = 512;      // llama.cpp's default (u)batch, for both engines
   add_model_options(*cmd, *o);
+  add_kv_options(*cmd, *kvo);  // --kv-policy P --kv-budget B: an extra kvpack row at every depth > B (compressed)
   cmd->add_flag("--quick", b->quick, "Depth 0 only, 128 prompt tokens, 16 decode tokens (a few minutes)");
   cmd->add_option("--depths", b->depths, "Decode depths (tokens already in the KV cache)")->delimiter(',');
   cmd->add_option("--prompt-tokens", b->prompt_tokens, "Prefill length (0: no prefill phase)")->check(CLI::Range(0, 1 << 20));
@@ -493,7 +521,7 @@ void add_bench_peer(CLI::App& bench) {
   cmd->add_option("--node", b->node, "Node.js executable");
   cmd->add_option("--bw-mib", b->bw_mib, "Buffer for the bandwidth measurement (MiB)")->check(CLI::Range(64, 1 << 16));
   cmd->add_option("--seed", b->seed, "Seed of the random tokens");
-  cmd->callback([o, b, cmd] {
+  cmd->callback([o, b, kvo, cmd] {
     if (b->quick) {
       if (cmd->count("--depths") == 0) b->depths = {0};
       if (cmd->count("--prompt-tokens") == 0) b->prompt_tokens = 128;
@@ -536,8 +564,23 @@ void add_bench_peer(CLI::App& bench) {
     const ModelConfig& c = model->config();
     EngineOptions eo = engine_options(*o);
     const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
-    eo.kv_pages = streams * ((ctx + o->page_size - 1) / o->page_size + 2);
+    eo.kv_pages = streams * ((ctx + o->page_size - 1) / o->page_size + 2) * (kvo->policy != "full" ? 2 : 1);
     Engine engine(*model, eo);
+    // Optional compressed runs: kvpack with --kv-policy at each depth beyond the budget, against llama.cpp's
+    // full KV at the same depth. Calibration (TriAttention) from --kv-calib, else from 1024 random tokens.
+    compress::CompressConfig kvc;
+    std::mt19937 rng0(static_cast<uint32_t>(b->seed + 7));
+    if (kvo->policy != "full") {
+      KvOptions k = *kvo;
+      const bool own_calib = k.calib.empty() && compress::policy_needs_calibration(compress::parse_policy(k.policy));
+      if (own_calib) {
+        const auto toks = random_tokens(std::min<int32_t>(1024, c.n_ctx), c.n_vocab, rng0);
+        engine.set_calibration(calibrate(*model, toks, eo));
+        k.policy = "full";  // kv_config would look for a file; the statistics are already loaded
+      }
+      kvc = kv_config(k, engine);
+      if (own_calib) kvc.policy = compress::parse_policy(kvo->policy);
+    }
     const double W = static_cast<double>(model->weight_bytes());
     const double kv_per_token = 2.0 * c.n_layer * c.kv_dim() * (o->kv_type == "f16" ? 2 : 4);
     std::printf("# model: %s (%s, %s%s), %d layers, embd %d, heads %d/%d, ff %d, vocab %d; weights %s; KV %s per token (%s)\n",
@@ -684,6 +727,29 @@ void add_bench_peer(CLI::App& bench) {
                   depth, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(),
                   pct(kv_tps, roof).c_str(), pct(ll_tps, roof).c_str(), extra.c_str());
       std::fflush(stdout);
+      if (kvc.enabled() && depth > kvc.budget) {
+        // kvpack compressed at this depth vs llama.cpp's full KV at the same depth (measured just above).
+        // The sequence is filled to `depth` slots and compressed once (the state right after an event),
+        // then decodes a whole interval (one more event inside the timed steps), mean step time.
+        auto cs = engine.new_sequence();
+        fill_kv_synthetic(*cs, depth, b->seed + static_cast<uint64_t>(depth) + 1);
+        compress::SequenceCompressor comp(kvc, c, engine.calibration(), 1, &engine.threads());
+        comp.compress(*cs);
+        const int32_t n = std::max(b->decode_tokens, kvc.interval + 1);
+        const auto [step_s, events] = kvpack_compressed_steps(engine, *cs, comp, b->warmup_steps, n, r2);
+        const double c_tps = 1.0 / step_s;
+        const double c_bytes = W + kv_per_token * (kvc.budget + 0.5 * kvc.interval);
+        const double c_roof = bw_now / c_bytes;
+        const std::string label = std::string("decode-") + compress::policy_name(kvc.policy) + "-b" + std::to_string(kvc.budget);
+        char ex[200];
+        std::snprintf(ex, sizeof ex, " kvpack %s budget %d interval %d, mean of %d steps incl. %lld compaction event(s); llama.cpp full KV",
+                      compress::policy_name(kvc.policy), kvc.budget, kvc.interval, n, static_cast<long long>(events));
+        rows.push_back({label, depth, c_tps, ll_tps, c_bytes, bw_now, ex});
+        std::printf("%s depth=%d kvpack=%s llama.cpp(full)=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s |%s\n",
+                    label.c_str(), depth, tps(c_tps).c_str(), tps(ll_tps).c_str(), ratio(c_tps, ll_tps).c_str(), c_roof,
+                    gib(c_bytes).c_str(), pct(c_tps, c_roof).c_str(), ex);
+        std::fflush(stdout);
+      }
     }
     real_seq.reset();
     if (peer.peer) peer.peer->finish();
@@ -701,8 +767,10 @@ void add_bench_peer(CLI::App& bench) {
       const double roof = r.bw / r.bytes_per_token;
       std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
                   tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), r.bw / 1e9, gib(r.bytes_per_token).c_str(),
-                  roof, pct(r.kv_tps, roof).c_str(), pct(r.ll_tps, roof).c_str());
+                  roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
     }
+    for (const Row& r : rows)
+      if (r.phase.rfind("decode-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
   });
 }
 
