@@ -65,6 +65,8 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
   GenerateResult res;
   res.prompt_tokens = static_cast<int32_t>(req.prompt.size());
   auto kv = new_sequence();
+  // Page tables sized for the whole request up front: decode steps then allocate nothing.
+  kv->reserve_slots(static_cast<int32_t>(std::min<int64_t>(c.n_ctx, static_cast<int64_t>(req.prompt.size()) + req.max_tokens + 1)));
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   Sampler sampler(req.sampling, c.n_vocab);
   TextStream stream(req.stop);

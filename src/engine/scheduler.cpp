@@ -180,6 +180,8 @@ void Scheduler::admit() {
     }
     if (!ok) break;  // FCFS: do not let later requests overtake
     s.kv = engine_->new_sequence();
+    // Page tables sized for the projected length up front, so decode steps do not reallocate them.
+    s.kv->reserve_slots(static_cast<int32_t>(need / n_streams_ * pool.config().page_size));
     s.n_computed = 0;
     s.registered_blocks = 0;
     if (cache_) {

@@ -66,6 +66,15 @@ bool SequenceKv::append(int32_t n, int32_t pos0) {
   return true;
 }
 
+void SequenceKv::reserve_slots(int32_t slots) {
+  const int32_t ps = pool_->config().page_size;
+  const size_t pages = static_cast<size_t>(std::max(slots, 0) + ps - 1) / static_cast<size_t>(ps) + 1;
+  for (auto& s : streams_) {
+    s.pages.reserve(pages);
+    s.page_ptrs.reserve(pages);
+  }
+}
+
 int32_t SequenceKv::max_slots() const {
   int32_t m = 0;
   for (const auto& s : streams_) m = std::max(m, s.n_slots);

@@ -32,6 +32,9 @@ class SequenceKv {
   // positions (pos0, pos0+1, ...). All-or-nothing: on pool exhaustion nothing changes and it
   // returns false. The new slots' K/V bytes are for the caller to write (k_slot / v_slot).
   bool append(int32_t n, int32_t pos0);
+  // Sizes every stream's page table for `slots` slots, so that appends up to that length allocate no
+  // heap memory (the decode hot path): 12 bytes per page per stream, no KV pages are taken.
+  void reserve_slots(int32_t slots);
   // Pages `append(n)` would take from the pool (admission control).
   int64_t pages_needed(int32_t n) const;
 
