@@ -50,7 +50,7 @@ struct Streams {
     kv.v_offset = page_bytes / 2;
     return kv;
   }
-  size_t stream_bytes() const { return static_cast<size_t>(n_slots) * kHeadDim * 2 * (type == DType::F16 ? 2 : 4); }
+  size_t stream_bytes() const { return static_cast<size_t>(n_slots) * 2 * kv_row_bytes(type, kHeadDim); }
 };
 
 const Streams& streams(DType type, int32_t n_slots, bool rotate) {
@@ -63,8 +63,8 @@ const Streams& streams(DType type, int32_t n_slots, bool rotate) {
   s.type = type;
   s.n_slots = n_slots;
   s.n_pages = (n_slots + kPageSize - 1) / kPageSize;
-  const size_t esz = type == DType::F16 ? 2 : 4;
-  s.page_bytes = 2 * static_cast<size_t>(kPageSize) * kHeadDim * esz;
+  const size_t row_bytes = kv_row_bytes(type, kHeadDim);
+  s.page_bytes = 2 * static_cast<size_t>(kPageSize) * row_bytes;
   const size_t sb = s.page_bytes * s.n_pages;
   s.n_streams = rotate ? static_cast<int32_t>(std::max<size_t>(1, (kRotateBytes + sb - 1) / sb)) : 1;
   const size_t total_pages = static_cast<size_t>(s.n_streams) * s.n_pages;
@@ -72,17 +72,12 @@ const Streams& streams(DType type, int32_t n_slots, bool rotate) {
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s.mem.get()) + 63) & ~uintptr_t{63});
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const size_t elems = s.page_bytes / esz;
   std::vector<uint8_t> page(s.page_bytes);
+  std::vector<float> row(kHeadDim);
   for (size_t p = 0; p < total_pages; ++p) {
-    for (size_t e = 0; e < elems; ++e) {
-      const float x = u(rng);
-      if (esz == 2) {
-        const uint16_t h = kvpack::f32_to_fp16(x);
-        std::memcpy(page.data() + 2 * e, &h, 2);
-      } else {
-        std::memcpy(page.data() + 4 * e, &x, 4);
-      }
+    for (size_t r = 0; r < 2 * static_cast<size_t>(kPageSize); ++r) {
+      for (float& x : row) x = u(rng);
+      kv_encode_row(row.data(), type, kHeadDim, page.data() + r * row_bytes);
     }
     std::memcpy(base + p * s.page_bytes, page.data(), s.page_bytes);
   }
@@ -156,8 +151,8 @@ void register_all() {
   std::vector<const char*> isas;
   for (const char* isa : {"avx512", "avx2", "scalar"})
     if (attention_isa_available(isa)) isas.push_back(isa);
-  for (DType type : {DType::F16, DType::F32}) {
-    const std::string tn = type == DType::F16 ? "F16" : "F32";
+  for (DType type : {DType::F16, DType::F32, DType::BF16, DType::Q8_0}) {
+    const std::string tn = std::string(kvpack::dtype_name(type));
     for (int32_t slots : {2048, 8192, 16384}) {
       for (const char* isa : isas) {
         const std::string sl = "/slots:" + std::to_string(slots) + "/";

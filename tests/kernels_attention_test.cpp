@@ -10,7 +10,14 @@
 //    slot, a wrong rescale or a causal off-by-one changes outputs by >= 1e-3 at these sizes).
 //  * key_mass: |mass - ref| <= 2e-5 * (1 + ref) per slot (a sum of up to 264 probabilities, each with
 //    relative error ~1e-6).
-//  * F16 storage: the reference uses the same rounded (f16 -> f32) values, so the tolerance is unchanged.
+//  * F16 / BF16 / Q8_0 storage: the reference uses the same stored (decoded to f32) values, so the
+//    tolerance is unchanged. For BF16 and Q8_0, MatchesNaiveReference also checks the rounding itself
+//    against the ORIGINAL values: per element |k' - k| <= 2^-8 |k| (BF16, round to nearest even of an
+//    8-bit significand) or <= amax_block * (1/254 + 2^-11) + 127 * 2^-25 (Q8_0: half a step d = amax/127,
+//    plus the f16 rounding of d, at most d 2^-11 + 2^-25, times |q| <= 127); and the outputs against a reference on the original values with
+//    the bound that follows: if every score moves by at most delta and every V element by at most eps_v,
+//    each softmax weight changes by a factor within e^(+-2 delta), so |out' - out| <= (e^(2 delta) - 1)
+//    * max|v| + eps_v (delta, eps_v measured on the case's data; plus kOutTol for the f32 arithmetic).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,39 +51,66 @@ struct Config {
 std::string describe(const Config& c) {
   return "hd=" + std::to_string(c.hd) + " ps=" + std::to_string(c.ps) + " group=" + std::to_string(c.group) +
          " n_slots=" + std::to_string(c.n_slots) + " n_new=" + std::to_string(c.n_new) +
-         (c.type == DType::F16 ? " f16" : " f32");
+         " " + kv_type_name(c.type);
 }
 
 // One KV stream: the flat K/V the reference uses ([n_slots][hd], values as the kernel sees them, i.e.
-// rounded through f16 for F16 storage) and the paged copy: pages at scattered, shuffled positions of a
-// pool that is twice as large as needed and NaN-filled, so reading any slot >= n_slots poisons the output.
+// decoded from the stored rows: rounded through f16 / bf16 or Q8_0), the original (unrounded) values,
+// and the paged copy: pages at scattered, shuffled positions of a pool that is twice as large as needed
+// and filled with 0xFF bytes (NaN in every type: f32 / f16 / bf16 NaN, Q8_0 scale NaN), so reading any
+// slot >= n_slots poisons the output.
 class Stream {
  public:
   explicit Stream(const Config& c, std::mt19937& rng) : c_(c) {
-    esz_ = c.type == DType::F16 ? 2 : 4;
-    v_offset_ = static_cast<size_t>(c.ps) * c.hd * esz_;
+    row_ = kv_row_bytes(c.type, c.hd);
+    v_offset_ = static_cast<size_t>(c.ps) * row_;
     page_stride_ = (2 * v_offset_ + 63) / 64 * 64 + 64 * (rng() % 2);
     const int32_t n_pages = (c.n_slots + c.ps - 1) / c.ps;
     const int32_t pool_pages = 2 * n_pages + 1;
     pool_.resize(page_stride_ * pool_pages / 8 + 8);
     auto* bytes = reinterpret_cast<uint8_t*>(pool_.data());
-    const size_t n_elems = page_stride_ * pool_pages / esz_;
-    for (size_t i = 0; i < n_elems; ++i) store(bytes + i * esz_, kNaN);
+    std::memset(bytes, 0xFF, pool_.size() * sizeof(uint64_t));
     std::vector<int32_t> perm(pool_pages);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     for (int32_t p = 0; p < n_pages; ++p) pages_.push_back(bytes + static_cast<size_t>(perm[p]) * page_stride_);
     K_.resize(static_cast<size_t>(c.n_slots) * c.hd);
     V_.resize(K_.size());
+    K0_.resize(K_.size());
+    V0_.resize(K_.size());
   }
 
-  // Writes slot s (both the flat reference copy and the page).
+  // Writes slot s (the original values, the flat reference copy as read back, and the page).
   void set_slot(int32_t s, const float* k, const float* v) {
     uint8_t* page = const_cast<uint8_t*>(pages_[s / c_.ps]);
-    const size_t row = static_cast<size_t>(s % c_.ps) * c_.hd;
-    for (int32_t d = 0; d < c_.hd; ++d) {
-      K_[static_cast<size_t>(s) * c_.hd + d] = store(page + (row + d) * esz_, k[d]);
-      V_[static_cast<size_t>(s) * c_.hd + d] = store(page + v_offset_ + (row + d) * esz_, v[d]);
+    const size_t off = static_cast<size_t>(s % c_.ps) * row_;
+    const size_t at = static_cast<size_t>(s) * c_.hd;
+    std::copy_n(k, c_.hd, K0_.data() + at);
+    std::copy_n(v, c_.hd, V0_.data() + at);
+    kv_encode_row(k, c_.type, c_.hd, page + off);
+    kv_encode_row(v, c_.type, c_.hd, page + v_offset_ + off);
+    kv_decode_row(page + off, c_.type, c_.hd, K_.data() + at);
+    kv_decode_row(page + v_offset_ + off, c_.type, c_.hd, V_.data() + at);
+  }
+
+  // Overwrites slot s's stored K and V rows with NaN (0xFF bytes) or +Inf in the stored type. Q8_0 has no
+  // Inf encoding: a scale of +Inf with q = 1 decodes to +Inf.
+  void poison_slot(int32_t s, bool nan) {
+    uint8_t* page = const_cast<uint8_t*>(pages_[s / c_.ps]);
+    const size_t off = static_cast<size_t>(s % c_.ps) * row_;
+    for (uint8_t* r : {page + off, page + v_offset_ + off}) {
+      if (nan) {
+        std::memset(r, 0xFF, row_);
+      } else if (c_.type == DType::Q8_0) {
+        for (size_t b = 0; b < row_; b += 34) {
+          const uint16_t inf = 0x7c00;
+          std::memcpy(r + b, &inf, 2);
+          std::memset(r + b + 2, 1, 32);
+        }
+      } else {
+        const std::vector<float> bad(static_cast<size_t>(c_.hd), std::numeric_limits<float>::infinity());
+        kv_encode_row(bad.data(), c_.type, c_.hd, r);
+      }
     }
   }
 
@@ -106,29 +140,20 @@ class Stream {
   const Config& config() const { return c_; }
   const float* k(int32_t s) const { return K_.data() + static_cast<size_t>(s) * c_.hd; }
   const float* v(int32_t s) const { return V_.data() + static_cast<size_t>(s) * c_.hd; }
+  const float* k0(int32_t s) const { return K0_.data() + static_cast<size_t>(s) * c_.hd; }  // original values
+  const float* v0(int32_t s) const { return V0_.data() + static_cast<size_t>(s) * c_.hd; }
 
  private:
-  // Stores x in the stream's element type; returns the value as read back.
-  float store(uint8_t* dst, float x) const {
-    if (esz_ == 2) {
-      const uint16_t h = f32_to_fp16(x);
-      std::memcpy(dst, &h, 2);
-      return fp16_to_f32(h);
-    }
-    std::memcpy(dst, &x, 4);
-    return x;
-  }
-
   Config c_;
-  size_t esz_ = 4, v_offset_ = 0, page_stride_ = 0;
+  size_t row_ = 0, v_offset_ = 0, page_stride_ = 0;
   std::vector<uint64_t> pool_;
   std::vector<const uint8_t*> pages_;
-  std::vector<float> K_, V_;
+  std::vector<float> K_, V_, K0_, V0_;
 };
 
 // Naive reference in double: out[(t * group + g) * hd + d]; mass (if given) += probabilities.
 void reference(const Stream& st, const std::vector<float>& q, int64_t q_stride, std::vector<double>& out,
-               std::vector<double>* mass) {
+               std::vector<double>* mass, bool original = false) {
   const Config& c = st.config();
   out.assign(static_cast<size_t>(c.n_new) * c.group * c.hd, 0.0);
   std::vector<double> sc(c.n_slots);
@@ -139,7 +164,8 @@ void reference(const Stream& st, const std::vector<float>& q, int64_t q_stride, 
       double mx = -std::numeric_limits<double>::infinity();
       for (int32_t s = 0; s < limit; ++s) {
         double dot = 0;
-        for (int32_t d = 0; d < c.hd; ++d) dot += static_cast<double>(qv[d]) * st.k(s)[d];
+        const float* kr = original ? st.k0(s) : st.k(s);
+        for (int32_t d = 0; d < c.hd; ++d) dot += static_cast<double>(qv[d]) * kr[d];
         sc[s] = dot * c.scale;
         mx = std::max(mx, sc[s]);
       }
@@ -148,7 +174,8 @@ void reference(const Stream& st, const std::vector<float>& q, int64_t q_stride, 
       double* o = out.data() + (static_cast<size_t>(t) * c.group + g) * c.hd;
       for (int32_t s = 0; s < limit; ++s) {
         const double p = sc[s] / sum;
-        for (int32_t d = 0; d < c.hd; ++d) o[d] += p * st.v(s)[d];
+        const float* vr = original ? st.v0(s) : st.v(s);
+        for (int32_t d = 0; d < c.hd; ++d) o[d] += p * vr[d];
         if (mass) (*mass)[s] += p;
       }
     }
@@ -228,6 +255,55 @@ Config random_config(int32_t hd, int32_t ps, int32_t group, DType type, std::mt1
   return c;
 }
 
+// Head dims per type: Q8_0 rows are whole 32-element blocks.
+std::vector<int32_t> head_dims(DType type) {
+  if (type == DType::Q8_0) return {32, 64, 96, 128, 160, 256};
+  return {8, 16, 32, 64, 80, 128};
+}
+
+// Per-element rounding bound of the stored type (see the header comment) for a row x at element d.
+double elem_bound(DType type, const float* row, int32_t hd, int32_t d) {
+  switch (type) {
+    case DType::BF16: return std::ldexp(std::fabs(row[d]), -8);
+    case DType::Q8_0: {
+      double amax = 0;
+      for (int32_t i = d / 32 * 32; i < d / 32 * 32 + 32 && i < hd; ++i) amax = std::max(amax, std::fabs(double{row[i]}));
+      return (amax * (1.0 / 254 + std::ldexp(1.0, -11)) + 127 * std::ldexp(1.0, -25)) * (1 + 1e-6);
+    }
+    case DType::F16: return std::ldexp(std::fabs(row[d]), -11) + std::ldexp(1.0, -25);
+    default: return 0.0;
+  }
+}
+
+// Checks the stored rounding of every element against its type's bound and the kernel output against a
+// reference on the ORIGINAL values, within the bound derived from the measured score / V perturbations.
+// Returns (out error vs original) / bound (<= 1).
+double check_rounding(const Stream& st, const std::vector<float>& q, int64_t q_stride, const std::vector<float>& out) {
+  const Config& c = st.config();
+  double eps_v = 0, delta = 0;
+  for (int32_t s = 0; s < c.n_slots; ++s)
+    for (int32_t d = 0; d < c.hd; ++d) {
+      const double ek = std::fabs(double{st.k(s)[d]} - st.k0(s)[d]), ev = std::fabs(double{st.v(s)[d]} - st.v0(s)[d]);
+      EXPECT_LE(ek, elem_bound(c.type, st.k0(s), c.hd, d)) << "K slot " << s << " elem " << d;
+      EXPECT_LE(ev, elem_bound(c.type, st.v0(s), c.hd, d)) << "V slot " << s << " elem " << d;
+      eps_v = std::max(eps_v, ev);
+    }
+  for (int32_t t = 0; t < c.n_new; ++t)
+    for (int32_t g = 0; g < c.group; ++g)
+      for (int32_t s = 0; s < c.n_slots; ++s) {
+        double ds = 0;
+        const float* qv = q.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+        for (int32_t d = 0; d < c.hd; ++d) ds += static_cast<double>(qv[d]) * (double{st.k(s)[d]} - st.k0(s)[d]);
+        delta = std::max(delta, std::fabs(ds * c.scale));
+      }
+  std::vector<double> ref0;
+  reference(st, q, q_stride, ref0, nullptr, /*original=*/true);
+  const double bound = std::expm1(2 * delta) * 1.0 /*max |v| */ + eps_v + kOutTol;
+  const double err = max_err(out, ref0);
+  EXPECT_LE(err, bound) << "delta " << delta << " eps_v " << eps_v;
+  return err / bound;
+}
+
 class AttentionIsa : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -238,9 +314,9 @@ class AttentionIsa : public ::testing::TestWithParam<const char*> {
 TEST_P(AttentionIsa, MatchesNaiveReference) {
   std::mt19937 rng(1234);
   int cases = 0;
-  double worst = 0;
-  for (DType type : {DType::F32, DType::F16})
-    for (int32_t hd : {8, 16, 32, 64, 80, 128})
+  double worst = 0, worst_rounding = 0;
+  for (DType type : {DType::F32, DType::F16, DType::BF16, DType::Q8_0})
+    for (int32_t hd : head_dims(type))
       for (int32_t ps : {1, 4, 16, 32})
         for (int32_t group : {1, 2, 4, 8})
           for (int rep = 0; rep < 2; ++rep) {
@@ -252,18 +328,24 @@ TEST_P(AttentionIsa, MatchesNaiveReference) {
             const auto q = random_q(c, q_stride, 4.0f, rng);  // scores ~ N(0, 2.3^2)
             std::vector<double> ref;
             reference(st, q, q_stride, ref, nullptr);
-            const double err = max_err(run_kernel(GetParam(), st, q, q_stride, nullptr), ref);
+            const auto out = run_kernel(GetParam(), st, q, q_stride, nullptr);
+            const double err = max_err(out, ref);
             ASSERT_LE(err, kOutTol);
             worst = std::max(worst, err);
+            if (type == DType::BF16 || type == DType::Q8_0) {
+              worst_rounding = std::max(worst_rounding, check_rounding(st, q, q_stride, out));
+              if (::testing::Test::HasFailure()) return;
+            }
             ++cases;
           }
-  std::printf("[%s] %d cases, max |out - ref| = %.3g\n", GetParam(), cases, worst);
+  std::printf("[%s] %d cases, max |out - ref| = %.3g; BF16/Q8_0 vs original values: worst error / bound = %.3g\n",
+              GetParam(), cases, worst, worst_rounding);
 }
 
 TEST_P(AttentionIsa, LongDecodeMatchesReference) {
   std::mt19937 rng(99);
   double worst = 0;
-  for (DType type : {DType::F32, DType::F16})
+  for (DType type : {DType::F32, DType::F16, DType::BF16, DType::Q8_0})
     for (int32_t n_slots : {1000, 2049})
       for (int32_t group : {2, 8}) {
         Config c;
@@ -289,12 +371,14 @@ TEST_P(AttentionIsa, LongDecodeMatchesReference) {
 
 TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
   std::mt19937 rng(777);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 120; ++i) {
     static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
     static constexpr int32_t kPs[] = {1, 4, 16, 32};
     static constexpr int32_t kGroup[] = {1, 2, 4, 8};
-    const Config c =
-        random_config(kHd[rng() % 6], kPs[rng() % 4], kGroup[rng() % 4], rng() % 2 ? DType::F16 : DType::F32, rng);
+    static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+    const DType type = kTypes[rng() % 4];
+    const int32_t hd = type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 6];
+    const Config c = random_config(hd, kPs[rng() % 4], kGroup[rng() % 4], type, rng);
     SCOPED_TRACE(describe(c));
     Stream st(c, rng);
     st.fill_random(rng);
@@ -330,7 +414,7 @@ TEST_P(AttentionIsa, ExtremeScoresStayFinite) {
     c.hd = (i % 3 == 0) ? 8 : (i % 3 == 1 ? 64 : 128);
     c.ps = (i % 2) ? 16 : 4;
     c.group = 1 << (i % 4);
-    c.type = (i % 2) ? DType::F16 : DType::F32;
+    c.type = (i % 3 == 2) ? DType::BF16 : (i % 2) ? DType::F16 : DType::F32;  // small integers are exact in all three
     c.n_new = (i % 4 == 0) ? 7 : 1;
     c.n_slots = 50 + static_cast<int32_t>(rng() % 200);
     c.scale = 1.0f;
@@ -364,14 +448,15 @@ TEST_P(AttentionIsa, ExtremeScoresStayFinite) {
 // would poison it), and no slot >= n_slots is ever read (the pool is NaN-filled around every stream).
 TEST_P(AttentionIsa, CausalSlotsBeyondLimitAreNeverUsed) {
   std::mt19937 rng(31337);
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 80; ++i) {
     static constexpr int32_t kHd[] = {8, 16, 64, 80, 128};
     static constexpr int32_t kPs[] = {1, 4, 16, 32};
     Config c;
-    c.hd = kHd[rng() % 5];
+    static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+    c.type = kTypes[rng() % 4];
+    c.hd = c.type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 5];
     c.ps = kPs[rng() % 4];
     c.group = 1 << (rng() % 4);
-    c.type = rng() % 2 ? DType::F16 : DType::F32;
     c.n_new = 2 + static_cast<int32_t>(rng() % 40);
     c.n_slots = c.n_new + static_cast<int32_t>(rng() % 100);
     c.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
@@ -382,9 +467,7 @@ TEST_P(AttentionIsa, CausalSlotsBeyondLimitAreNeverUsed) {
     const auto q = random_q(c, q_stride, 4.0f, rng);
     const auto before = run_kernel(GetParam(), st, q, q_stride, nullptr);
     const int32_t t_star = static_cast<int32_t>(rng() % (c.n_new - 1));  // tokens <= t_star stay clean
-    const float poison = (i % 2) ? kNaN : std::numeric_limits<float>::infinity();
-    std::vector<float> bad(c.hd, poison);
-    for (int32_t s = c.n_slots - c.n_new + t_star + 1; s < c.n_slots; ++s) st.set_slot(s, bad.data(), bad.data());
+    for (int32_t s = c.n_slots - c.n_new + t_star + 1; s < c.n_slots; ++s) st.poison_slot(s, /*nan=*/i % 2 == 1);
     std::vector<float> mass(c.n_slots, 0.0f);
     const auto after = run_kernel(GetParam(), st, q, q_stride, mass.data());
     const size_t clean = static_cast<size_t>(t_star + 1) * c.group * c.hd;
@@ -457,8 +540,14 @@ TEST(Attention, RejectsInvalidArguments) {
   KvStreamView kv = st.view();
   EXPECT_NO_THROW(paged_attention(kv, a));
   KvStreamView bad_type = kv;
-  bad_type.kv_type = DType::BF16;
+  bad_type.kv_type = DType::Q4_0;
   EXPECT_THROW(paged_attention(bad_type, a), std::invalid_argument);
+  KvStreamView q8_bad_hd = kv;  // head_dim 16 is not a whole number of Q8_0 blocks
+  q8_bad_hd.kv_type = DType::Q8_0;
+  EXPECT_THROW(paged_attention(q8_bad_hd, a), std::invalid_argument);
+  EXPECT_THROW(kv_row_bytes(DType::Q8_0, 16), std::invalid_argument);
+  EXPECT_EQ(kv_row_bytes(DType::Q8_0, 128), 4u * 34);
+  EXPECT_EQ(kv_row_bytes(DType::BF16, 80), 160u);
   AttentionArgs too_many = a;
   too_many.n_new = 5;
   EXPECT_THROW(paged_attention(kv, too_many), std::invalid_argument);

@@ -2,8 +2,11 @@
 // randomized property test over thousands of operations that checks the invariants after each step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -196,4 +199,141 @@ TEST(SequenceKv, RandomOperationsKeepPoolInvariants) {
   for (PageId p : outside) pool.release(p);
   EXPECT_EQ(pool.used_pages(), 0);
   EXPECT_EQ(ops, 5000);
+}
+
+// ---- KV element types: rows are kernels::kv_row_bytes(type, head_dim) bytes, moved whole ----------------
+
+namespace {
+
+// The f32 row a slot at `pos` of `stream` holds (K: which = 0, V: which = 1); distinct per (pos, stream,
+// which) in every element, including after bf16 / Q8_0 rounding (the first element is a large, unique tag).
+std::vector<float> row_values(int32_t hd, int32_t pos, int32_t stream, int32_t which) {
+  std::vector<float> r(static_cast<size_t>(hd));
+  for (int32_t e = 0; e < hd; ++e)
+    r[static_cast<size_t>(e)] = std::sin(0.37f * static_cast<float>(e + 1) + 0.11f * static_cast<float>(pos) +
+                                         1.3f * static_cast<float>(stream) + 2.1f * static_cast<float>(which));
+  r[0] = static_cast<float>(pos * 16 + stream * 2 + which + 1);  // tag
+  return r;
+}
+
+void stamp_typed(SequenceKv& kv, int32_t stream, int32_t slot, int32_t pos) {
+  const auto& c = kv.pool().config();
+  kernels::kv_encode_row(row_values(c.head_dim, pos, stream, 0).data(), c.kv_type, c.head_dim, kv.k_slot(stream, slot));
+  kernels::kv_encode_row(row_values(c.head_dim, pos, stream, 1).data(), c.kv_type, c.head_dim, kv.v_slot(stream, slot));
+}
+
+// Byte-exact: the slot holds exactly the encoding of its position's row (compaction copies bytes).
+bool stamped_typed(SequenceKv& kv, int32_t stream, int32_t slot, int32_t pos) {
+  const auto& c = kv.pool().config();
+  const size_t rb = kv.pool().slot_bytes();
+  std::vector<uint8_t> want(rb);
+  for (int which = 0; which < 2; ++which) {
+    kernels::kv_encode_row(row_values(c.head_dim, pos, stream, which).data(), c.kv_type, c.head_dim, want.data());
+    const uint8_t* got = which == 0 ? kv.k_slot(stream, slot) : kv.v_slot(stream, slot);
+    if (std::memcmp(got, want.data(), rb) != 0) return false;
+  }
+  return kv.position(stream, slot) == pos;
+}
+
+class KvTypes : public ::testing::TestWithParam<DType> {};
+
+}  // namespace
+
+TEST_P(KvTypes, RowAndPageBytesFollowTheType) {
+  const DType t = GetParam();
+  PoolConfig c = small_pool(8, 16, 64);
+  c.kv_type = t;
+  PagePool pool(c);
+  const size_t row = t == DType::F32 ? 256 : t == DType::Q8_0 ? 2 * 34 : 128;
+  EXPECT_EQ(pool.slot_bytes(), row);
+  EXPECT_EQ(pool.page_bytes(), 2 * 16 * row);
+  EXPECT_EQ(pool.v_offset(), 16 * row);
+  if (t == DType::Q8_0) {
+    EXPECT_EQ(pool.page_bytes() * 64, (2u * 16 * 64 * 2) * 34);  // 34/64 of an f16 page
+  }
+}
+
+TEST_P(KvTypes, CompactionCopyOnWriteAndSharedBlocksMoveWholeRows) {
+  const DType t = GetParam();
+  std::mt19937 rng(77 + static_cast<unsigned>(t));
+  // head_dim 32: a Q8_0 row is 34 bytes, so rows are not even 4-byte aligned inside a page.
+  PoolConfig c = small_pool(400, 4, 32);
+  c.kv_type = t;
+  PagePool pool(c);
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<PageId> outside;
+  // A donor whose first full block is attached (shared) to new sequences, as the prefix cache does.
+  SequenceKv donor(pool, 1, 2);
+  ASSERT_TRUE(donor.append(4, 0));
+  for (int32_t st = 0; st < 2; ++st)
+    for (int32_t i = 0; i < 4; ++i) stamp_typed(donor, st, i, i);
+  for (int step = 0; step < 1500; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 2 && seqs.size() < 6) {
+      seqs.push_back(std::make_unique<SequenceKv>(pool, 1, 2));
+      if (rng() % 2) seqs.back()->attach_shared_block(std::vector<PageId>{donor.block_page(0, 0), donor.block_page(1, 0)}, 0);
+    } else if (op < 6 && !seqs.empty()) {
+      auto& s = *seqs[rng() % seqs.size()];
+      const int32_t n = 1 + static_cast<int32_t>(rng() % 7);
+      const int32_t pos = s.next_pos();
+      if (s.append(n, pos))
+        for (int32_t st = 0; st < s.n_streams(); ++st)
+          for (int32_t i = s.n_slots(st) - n; i < s.n_slots(st); ++i) stamp_typed(s, st, i, s.position(st, i));
+    } else if (op < 8 && !seqs.empty()) {
+      auto& s = *seqs[rng() % seqs.size()];
+      const int32_t st = static_cast<int32_t>(rng() % 2);
+      std::vector<int32_t> keep, before_pos;
+      for (int32_t i = 0; i < s.n_slots(st); ++i)
+        if (rng() % 3 != 0) keep.push_back(i);
+      for (int32_t i : keep) before_pos.push_back(s.position(st, i));
+      if (s.compact_stream(st, keep) >= 0) {
+        ASSERT_EQ(s.n_slots(st), static_cast<int32_t>(keep.size()));
+        for (size_t i = 0; i < keep.size(); ++i)
+          ASSERT_TRUE(stamped_typed(s, st, static_cast<int32_t>(i), before_pos[i])) << "step " << step << " slot " << i;
+      }
+    } else if (op == 8 && !seqs.empty()) {
+      auto& s = *seqs[rng() % seqs.size()];
+      auto tb = s.page_table(0);
+      if (!tb.empty() && rng() % 2) {
+        pool.retain(tb[0]);
+        outside.push_back(tb[0]);
+      } else if (!outside.empty()) {
+        pool.release(outside.back());
+        outside.pop_back();
+      }
+    } else if (!seqs.empty()) {
+      seqs.erase(seqs.begin() + static_cast<long>(rng() % seqs.size()));
+    }
+    // Every slot of every sequence still holds its own position's row, byte for byte, and the shared
+    // donor block was never written (copy-on-write).
+    for (auto& s : seqs)
+      for (int32_t st = 0; st < s->n_streams(); ++st)
+        for (int32_t i = 0; i < s->n_slots(st); ++i) ASSERT_TRUE(stamped_typed(*s, st, i, s->position(st, i))) << "step " << step;
+    for (int32_t st = 0; st < 2; ++st)
+      for (int32_t i = 0; i < 4; ++i) ASSERT_TRUE(stamped_typed(donor, st, i, i)) << "donor written at step " << step;
+    std::vector<std::span<const PageId>> tables;
+    for (auto& s : seqs)
+      for (int32_t i = 0; i < s->n_streams(); ++i) tables.push_back(s->page_table(i));
+    for (int32_t i = 0; i < donor.n_streams(); ++i) tables.push_back(donor.page_table(i));
+    tables.push_back(outside);
+    ASSERT_EQ(pool.check(tables), "") << "after op " << step;
+  }
+  seqs.clear();
+  for (PageId p : outside) pool.release(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, KvTypes, ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0),
+                         [](const auto& info) { return std::string(kernels::kv_type_name(info.param)); });
+
+TEST(PagePool, Q8_0NeedsWholeBlocksPerRow) {
+  PoolConfig c = small_pool(8, 16, 8);
+  c.kv_type = DType::Q8_0;
+  try {
+    PagePool pool(c);
+    FAIL() << "Q8_0 with head_dim 8 must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
+  }
+  c.kv_type = DType::Q4_0;
+  EXPECT_THROW(PagePool{c}, std::invalid_argument);
 }

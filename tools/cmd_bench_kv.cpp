@@ -84,12 +84,7 @@ void fill_synthetic(kv::SequenceKv& seq, int32_t n, std::mt19937& rng) {
           v = (static_cast<float>(x >> 40) / 16777216.0f - 0.5f) * 3.4641f;
         }
         uint8_t* dst = kind == 0 ? seq.k_slot(s, j) : seq.v_slot(s, j);
-        if (cfg.kv_type == DType::F16) {
-          auto* h = reinterpret_cast<uint16_t*>(dst);
-          for (size_t e = 0; e < row.size(); ++e) h[e] = f32_to_fp16(row[e]);
-        } else {
-          std::memcpy(dst, row.data(), row.size() * 4);
-        }
+        kernels::kv_encode_row(row.data(), cfg.kv_type, cfg.head_dim, dst);
       }
 }
 

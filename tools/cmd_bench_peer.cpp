@@ -297,12 +297,7 @@ void fill_kv_synthetic(kv::SequenceKv& seq, int32_t n, uint64_t seed) {
           v = (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f) * 3.4641f;
         }
         uint8_t* dst = kind == 0 ? seq.k_slot(s, j) : seq.v_slot(s, j);
-        if (cfg.kv_type == DType::F16) {
-          auto* h = reinterpret_cast<uint16_t*>(dst);
-          for (size_t e = 0; e < hd; ++e) h[e] = f32_to_fp16(row[e]);
-        } else {
-          std::memcpy(dst, row.data(), hd * sizeof(float));
-        }
+        kernels::kv_encode_row(row.data(), cfg.kv_type, cfg.head_dim, dst);
       }
 }
 
@@ -582,7 +577,8 @@ void add_bench_peer(CLI::App& bench) {
       if (own_calib) kvc.policy = compress::parse_policy(kvo->policy);
     }
     const double W = static_cast<double>(model->weight_bytes());
-    const double kv_per_token = 2.0 * c.n_layer * c.kv_dim() * (o->kv_type == "f16" ? 2 : 4);
+    const double kv_per_token =
+        2.0 * c.n_layer * c.n_head_kv * static_cast<double>(kernels::kv_row_bytes(kernels::parse_kv_type(o->kv_type), c.head_dim));
     std::printf("# model: %s (%s, %s%s), %d layers, embd %d, heads %d/%d, ff %d, vocab %d; weights %s; KV %s per token (%s)\n",
                 model_path.c_str(), c.name.c_str(), c.arch.c_str(), c.random_weights ? ", random weights" : "", c.n_layer, c.n_embd,
                 c.n_head, c.n_head_kv, c.n_ff, c.n_vocab, gib(W).c_str(), gib(kv_per_token).c_str(), o->kv_type.c_str());

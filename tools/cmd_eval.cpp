@@ -14,6 +14,7 @@
 #include "eval/kld.h"
 #include "eval/sweep.h"
 #include "eval/tasks.h"
+#include "kernels/attention.h"
 #include "options.h"
 
 namespace kvpack::cli {
@@ -99,7 +100,8 @@ void add_kld(CLI::App& eval) {
     const eval::KldResult r = eval::kld(*model, toks, kv, holder.calibration(), ko);
     if (*json) {
       nlohmann::json j = {{"model", model->config().name}, {"text", *text}, {"ctx", r.ctx}, {"windows", r.windows},
-                          {"kv", kv_json(kv)}, {"positions", r.positions}, {"positions_after_eviction", r.positions_after_eviction},
+                          {"kv", kv_json(kv)}, {"kv_type", kernels::kv_type_name(eo.kv_type)}, {"positions", r.positions},
+                          {"positions_after_eviction", r.positions_after_eviction},
                           {"mean_kl", r.mean_kl}, {"p99_kl", r.p99_kl}, {"max_kl", r.max_kl},
                           {"mean_kl_after_eviction", r.mean_kl_after_eviction}, {"top1", r.top1}, {"ppl_full", r.ppl_full},
                           {"ppl_compressed", r.ppl_compressed}, {"page_bytes", r.page_bytes},
@@ -110,8 +112,8 @@ void add_kld(CLI::App& eval) {
       return;
     }
     const auto& s = r.compression;
-    std::printf("kld: %s, %s, %d window(s) x %d tokens of %s\n", model->config().name.c_str(), kv_line(kv).c_str(), r.windows, r.ctx,
-                text->c_str());
+    std::printf("kld: %s, %s, KV %s, %d window(s) x %d tokens of %s\n", model->config().name.c_str(), kv_line(kv).c_str(),
+                kernels::kv_type_name(eo.kv_type), r.windows, r.ctx, text->c_str());
     std::printf("positions compared: %lld (after the first eviction: %lld)\n", static_cast<long long>(r.positions),
                 static_cast<long long>(r.positions_after_eviction));
     std::printf("mean KL: %.6g\np99 KL: %.6g\nmax KL: %.6g\nmean KL after eviction: %.6g\n", r.mean_kl, r.p99_kl, r.max_kl,

@@ -1,6 +1,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "kernels/attention.h"
 #include "options.h"
 
 namespace kvpack::cli {
@@ -11,7 +12,8 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
       ->check(CLI::ExistingFile);
   cmd.add_option("-t,--threads", o.threads, "Threads")->check(CLI::Range(1, 256));
   cmd.add_option("--page-size", o.page_size, "KV page size in token slots")->check(CLI::Range(1, 256));
-  cmd.add_option("--kv-type", o.kv_type, "KV element type")->check(CLI::IsMember({"f32", "f16"}));
+  cmd.add_option("--kv-type", o.kv_type, "KV element type: f32, f16, bf16, q8_0 (q8_0: 34 bytes per 32 elements, head_dim % 32 == 0)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   cmd.add_option("--kv-pages", o.kv_pages, "KV page pool limit (0: one full context)")->check(CLI::NonNegativeNumber);
   cmd.add_option("-b,--batch", o.batch, "Tokens per forward call (prefill chunk)")->check(CLI::Range(1, 65536));
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
@@ -71,7 +73,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   EngineOptions e;
   e.threads = o.threads;
   e.page_size = o.page_size;
-  e.kv_type = o.kv_type == "f16" ? DType::F16 : DType::F32;
+  e.kv_type = kernels::parse_kv_type(o.kv_type);
   e.kv_pages = o.kv_pages;
   e.max_batch_tokens = o.batch;
   return e;
@@ -91,8 +93,10 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine, const c
   const double dec = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
   std::fprintf(stderr,
                "[kvpack] stats: prompt_tokens=%d generated=%zu stop=%s prefill_tok_s=%.1f decode_tok_s=%.1f "
-               "kv_pages_in_use=%lld kv_page_bytes=%zu resident_kv_bytes=%zu peak_resident_kv_bytes=%zu pool_reserved_bytes=%zu\n",
-               r.prompt_tokens, r.tokens.size(), r.stop_reason.c_str(), pre, dec, static_cast<long long>(r.kv_pages_in_use),
+               "kv_type=%s kv_pages_in_use=%lld kv_page_bytes=%zu resident_kv_bytes=%zu peak_resident_kv_bytes=%zu "
+               "pool_reserved_bytes=%zu\n",
+               r.prompt_tokens, r.tokens.size(), r.stop_reason.c_str(), pre, dec,
+               kernels::kv_type_name(engine.pool().config().kv_type), static_cast<long long>(r.kv_pages_in_use),
                engine.pool().page_bytes(), r.resident_kv_bytes, r.peak_resident_kv_bytes,
                r.pool_reserved_bytes);
   if (kv.enabled()) {

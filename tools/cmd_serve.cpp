@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "kernels/attention.h"
 #include "options.h"
 #include "server/server.h"
 
@@ -61,9 +62,9 @@ void add_serve(CLI::App& app) {
     server::Server srv(engine, opt);
     const int port = srv.start();
     const std::string budget = opt.default_kv.enabled() ? " budget " + std::to_string(opt.default_kv.budget) : "";
-    std::fprintf(stderr, "[kvpack] serving %s on http://%s:%d (kv pages %lld x %zu B, policy %s%s, max batch %d, max concurrent %d%s)\n",
+    std::fprintf(stderr, "[kvpack] serving %s on http://%s:%d (kv pages %lld x %zu B %s, policy %s%s, max batch %d, max concurrent %d%s)\n",
                  srv.options().model_id.c_str(), opt.host.c_str(), port, static_cast<long long>(engine.pool().capacity()),
-                 engine.pool().page_bytes(), compress::policy_name(opt.default_kv.policy),
+                 engine.pool().page_bytes(), kernels::kv_type_name(engine.pool().config().kv_type), compress::policy_name(opt.default_kv.policy),
                  budget.c_str(),
                  opt.scheduler.max_running, opt.max_concurrent, opt.api_key.empty() ? "" : ", API key required");
     std::fflush(stderr);

@@ -14,7 +14,7 @@ struct ModelOptions {
   std::string tokenizer;  // llama2.c tokenizer.bin
   int32_t threads = 2;
   int32_t page_size = 16;
-  std::string kv_type = "f32";
+  std::string kv_type = "f32";  // --kv-type: f32, f16, bf16, q8_0 (kernels::parse_kv_type)
   int64_t kv_pages = 0;
   int32_t batch = 256;
   bool quiet = false;

@@ -22,7 +22,7 @@ struct SessionOptions {
   std::string model_path;      // GGUF, or llama2.c checkpoint (then tokenizer_path is required)
   std::string tokenizer_path;  // llama2.c tokenizer.bin
   int32_t threads = 2;
-  std::string kv_type = "f32";  // "f32" or "f16"
+  std::string kv_type = "f32";  // "f32", "f16", "bf16" or "q8_0" (q8_0 needs head_dim % 32 == 0)
   int64_t kv_pages = 0;         // page-pool limit; 0 = one full context
   // KV compression: "full" (none), "streaming", "knorm", "triattention", "snapkv", "rkv", "tova", "h2o".
   std::string kv_policy = "full";

@@ -4,19 +4,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "util/half.h"
+#include "kernels/attention.h"
 
 namespace kvpack::compress {
 namespace {
 
-void load_row(const uint8_t* src, DType t, int32_t n, float* out) {
-  if (t == DType::F32) {
-    std::memcpy(out, src, static_cast<size_t>(n) * 4);
-  } else {
-    const auto* h = reinterpret_cast<const uint16_t*>(src);
-    for (int32_t i = 0; i < n; ++i) out[i] = fp16_to_f32(h[i]);
-  }
-}
+// Every key/value read of the policies goes through here: any KV type (F32/F16/BF16/Q8_0) to f32.
+void load_row(const uint8_t* src, DType t, int32_t n, float* out) { kernels::kv_decode_row(src, t, n, out); }
 
 }  // namespace
 

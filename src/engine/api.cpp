@@ -5,6 +5,7 @@
 
 #include "compress/calibration.h"
 #include "engine/engine.h"
+#include "kernels/attention.h"
 #include "model/model.h"
 
 namespace kvpack {
@@ -22,10 +23,9 @@ std::unique_ptr<Session> Session::open(const SessionOptions& o) {
   std::unique_ptr<Session> s(new Session());
   Impl& im = *s->impl_;
   im.model = Model::load(o.model_path, o.tokenizer_path);
-  if (o.kv_type != "f32" && o.kv_type != "f16") throw std::invalid_argument("kv_type must be \"f32\" or \"f16\"");
   EngineOptions eo;
   eo.threads = o.threads;
-  eo.kv_type = o.kv_type == "f16" ? DType::F16 : DType::F32;
+  eo.kv_type = kernels::parse_kv_type(o.kv_type);  // throws on unknown names
   eo.kv_pages = o.kv_pages;
   im.engine = std::make_unique<Engine>(*im.model, eo);
   im.kv.policy = compress::parse_policy(o.kv_policy);

@@ -3,6 +3,8 @@
 // shared driver (tiling, causal limits, online softmax, key_mass pass) is attention_impl.h.
 #include "kernels/attention.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "kernels/attention_impl.h"
+#include "util/half.h"
 
 namespace kvpack::kernels {
 namespace {
@@ -60,13 +63,14 @@ const Path& chosen_path() {
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("paged_attention: " + what); }
 
 void validate(const KvStreamView& kv, const AttentionArgs& a) {
-  if (kv.kv_type != DType::F32 && kv.kv_type != DType::F16) fail("kv_type must be F32 or F16");
+  if (!kv_type_supported(kv.kv_type)) fail("kv_type must be F32, F16, BF16 or Q8_0");
   if (kv.head_dim <= 0 || kv.page_size <= 0) fail("head_dim and page_size must be positive");
+  if (kv.kv_type == DType::Q8_0 && kv.head_dim % 32 != 0) fail("Q8_0 KV needs head_dim to be a multiple of 32");
   if (a.group <= 0) fail("group must be positive");
   if (a.n_new < 0 || a.n_new > kv.n_slots) fail("need 0 <= n_new <= n_slots");
   if (a.n_new == 0) return;
-  const size_t esz = kv.kv_type == DType::F16 ? 2 : 4;
-  if (kv.v_offset < static_cast<size_t>(kv.page_size) * kv.head_dim * esz) fail("v_offset overlaps the K block");
+  if (kv.v_offset < static_cast<size_t>(kv.page_size) * kv_row_bytes(kv.kv_type, kv.head_dim))
+    fail("v_offset overlaps the K block");
   if (kv.pages == nullptr || a.q == nullptr || a.out == nullptr || a.scratch == nullptr)
     fail("pages, q, out and scratch must be non-null");
   if (a.n_new > 1 && (a.q_stride < static_cast<int64_t>(a.group) * kv.head_dim ||
@@ -75,6 +79,99 @@ void validate(const KvStreamView& kv, const AttentionArgs& a) {
 }
 
 }  // namespace
+
+bool kv_type_supported(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+}
+
+size_t kv_row_bytes(DType t, int32_t head_dim) {
+  if (!kv_type_supported(t))
+    throw std::invalid_argument("KV type " + std::string(dtype_name(t)) + " is not supported (f32, f16, bf16, q8_0)");
+  if (head_dim <= 0) throw std::invalid_argument("KV head_dim must be positive");
+  const size_t hd = static_cast<size_t>(head_dim);
+  switch (t) {
+    case DType::F32: return 4 * hd;
+    case DType::Q8_0:
+      if (head_dim % 32 != 0)
+        throw std::invalid_argument("KV type q8_0 needs head_dim to be a multiple of 32 (its block size); head_dim is " +
+                                    std::to_string(head_dim) + ": use --kv-type f16 or bf16");
+      return hd / 32 * 34;
+    default: return 2 * hd;
+  }
+}
+
+void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, x, static_cast<size_t>(n) * 4);
+      return;
+    case DType::F16:
+    case DType::BF16:
+      for (int32_t i = 0; i < n; ++i) {
+        const uint16_t h = t == DType::F16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
+        std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
+      }
+      return;
+    case DType::Q8_0:
+      for (int32_t b = 0; b + 32 <= n; b += 32, dst += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = f32_to_fp16(d);
+        std::memcpy(dst, &dh, 2);
+        for (int i = 0; i < 32; ++i) {
+          const float q = std::round(x[b + i] * id);
+          dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? q : 0));
+        }
+      }
+      return;
+    default:
+      throw std::invalid_argument("kv_encode_row: unsupported KV type");
+  }
+}
+
+void kv_decode_row(const uint8_t* src, DType t, int32_t n, float* out) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(out, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::F16:
+    case DType::BF16:
+      for (int32_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * static_cast<size_t>(i), 2);
+        out[i] = t == DType::F16 ? fp16_to_f32(h) : bf16_to_f32(h);
+      }
+      return;
+    case DType::Q8_0:
+      for (int32_t b = 0; b + 32 <= n; b += 32, src += 34) {
+        uint16_t dh;
+        std::memcpy(&dh, src, 2);
+        const float d = fp16_to_f32(dh);
+        for (int i = 0; i < 32; ++i) out[b + i] = d * static_cast<float>(static_cast<int8_t>(src[2 + i]));
+      }
+      return;
+    default:
+      throw std::invalid_argument("kv_decode_row: unsupported KV type");
+  }
+}
+
+const char* kv_type_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::Q8_0: return "q8_0";
+    default: return "unsupported";
+  }
+}
+
+DType parse_kv_type(std::string_view name) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0})
+    if (name == kv_type_name(t)) return t;
+  throw std::invalid_argument("unknown KV type '" + std::string(name) + "' (expected f32, f16, bf16 or q8_0)");
+}
 
 size_t attention_scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size) {
   return attn_detail::scratch_floats(n_new, group < 1 ? 1 : group, head_dim, page_size);

@@ -1,8 +1,9 @@
 // Paged flash attention over one KV stream (one layer x one KV head).
 //
 // A stream's tokens live in pages (see kv/page_pool.h): page p holds K[page_size][head_dim] followed by
-// V[page_size][head_dim], elements of `kv_type` (F32 or F16). Slot s of the stream is slot s % page_size
-// of page pages[s / page_size]. Keys are stored after RoPE, so slots carry no position.
+// V[page_size][head_dim], rows of `kv_type` (see "KV element types" below: F32, F16, BF16 or Q8_0). Slot s of
+// the stream is slot s % page_size of page pages[s / page_size]. Keys are stored after RoPE, so slots carry
+// no position.
 //
 // The G query heads that share this KV head (GQA group) are processed together so each K/V page is
 // read once per group. The last `n_new` slots belong to the `n_new` query tokens (they were just
@@ -15,10 +16,31 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "util/dtype.h"
 
 namespace kvpack::kernels {
+
+// ---- KV element types -------------------------------------------------------------------------------
+// A K (or V) row of head_dim elements is stored as one of:
+//   F32, F16 (IEEE half), BF16 (bfloat16): head_dim elements of 4 / 2 / 2 bytes;
+//   Q8_0: head_dim / 32 ggml block_q8_0 (f16 scale d, then 32 int8 q; value = d * q), 34 bytes per 32
+//         elements (17/32 of F16), so Q8_0 needs head_dim % 32 == 0.
+bool kv_type_supported(DType t);
+// Bytes of one K (or V) row. Throws std::invalid_argument for an unsupported type, head_dim <= 0, or a
+// head_dim that is not a multiple of 32 with Q8_0 (the message says so).
+size_t kv_row_bytes(DType t, int32_t head_dim);
+// One row from f32: F16 / BF16 round to nearest even; Q8_0 uses ggml's reference quantiser
+// (quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) (half away from zero), d stored as f16).
+// n must be a multiple of 32 for Q8_0 (unchecked: callers size rows with kv_row_bytes).
+void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst);
+// One row to f32 (exact for every type: d * q is computed in f32 as the kernels do).
+void kv_decode_row(const uint8_t* src, DType t, int32_t n, float* out);
+// Lower-case CLI names: "f32", "f16", "bf16", "q8_0".
+const char* kv_type_name(DType t);
+// Inverse of kv_type_name; throws std::invalid_argument naming the accepted values.
+DType parse_kv_type(std::string_view name);
 
 struct KvStreamView {
   const uint8_t* const* pages = nullptr;  // page base pointers, in stream order
@@ -26,7 +48,7 @@ struct KvStreamView {
   int32_t page_size = 16;
   int32_t head_dim = 0;
   DType kv_type = DType::F32;
-  size_t v_offset = 0;  // byte offset of the V block inside a page (= page_size * head_dim * elem size)
+  size_t v_offset = 0;  // byte offset of the V block inside a page (>= page_size * kv_row_bytes(kv_type, head_dim))
   // Optional per-slot hole flags (n_slots bytes, non-zero = evicted but not compacted away): such slots
   // get no attention weight. Only the "naive eviction" demonstration mode uses holes; nullptr = none.
   const uint8_t* holes = nullptr;

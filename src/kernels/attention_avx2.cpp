@@ -1,5 +1,6 @@
 // AVX2 page kernels of paged_attention (compiled with -mavx2 -mfma -mf16c; run only when the CPU has
-// them). Same structure as the AVX-512 path with 8-lane vectors and 16 registers: QK with NR x SB
+// them). BF16 is widened by a 16-bit shift; Q8_0 pages are dequantised per page and tile (attention_impl.h).
+// Same structure as the AVX-512 path with 8-lane vectors and 16 registers: QK with NR x SB
 // accumulators (NR <= 4 rows), PV with RB x DB accumulators held across the page's slots. A head_dim that
 // is not a multiple of 8 takes a masked (f32) or copied (f16) load for the last partial vector.
 #include <immintrin.h>
@@ -17,21 +18,29 @@ inline __m256i lanes(int32_t k) {  // mask of the first k lanes, k in [1, 8]
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_load_si256(reinterpret_cast<const __m256i*>(kLaneIdx)));
 }
 
-template <bool F16>
+inline __m256 cvtbf(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+
+template <int KT>
 inline __m256 load(const uint8_t* block, size_t idx) {
-  if constexpr (F16)
+  if constexpr (KT == kElemF16)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * idx)));
+  else if constexpr (KT == kElemBF16)
+    return cvtbf(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * idx)));
   else
     return _mm256_loadu_ps(reinterpret_cast<const float*>(block) + idx);
 }
 
 // First `cnt` (1..7) elements, zeros after; never touches memory past them.
-template <bool F16>
+template <int KT>
 inline __m256 load_part(const uint8_t* block, size_t idx, int32_t cnt) {
-  if constexpr (F16) {
+  if constexpr (KT != kElemF32) {
     alignas(16) uint16_t tmp[8] = {};
     std::memcpy(tmp, block + 2 * idx, 2 * static_cast<size_t>(cnt));
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+    const __m128i h = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+    if constexpr (KT == kElemF16)
+      return _mm256_cvtph_ps(h);
+    else
+      return cvtbf(h);
   } else {
     return _mm256_maskload_ps(reinterpret_cast<const float*>(block) + idx, lanes(cnt));
   }
@@ -78,7 +87,7 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-template <bool F16, int NR, int SB>
+template <int KT, int NR, int SB>
 inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, int32_t tail, int32_t j0, const float* qs,
                      int32_t hdp, float* sc, int32_t psp) {
   __m256 acc[NR][SB];
@@ -89,7 +98,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, int32_t tail, 
   for (int32_t v = 0; v < nfull; ++v) {
     __m256 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load<F16>(K, static_cast<size_t>(j0 + s) * hd + 8 * v);
+    for (int s = 0; s < SB; ++s) kv[s] = load<KT>(K, static_cast<size_t>(j0 + s) * hd + 8 * v);
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
       const __m256 q = _mm256_loadu_ps(qs + static_cast<size_t>(i) * hdp + 8 * v);
@@ -100,7 +109,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, int32_t tail, 
   if (tail) {
     __m256 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load_part<F16>(K, static_cast<size_t>(j0 + s) * hd + 8 * nfull, tail);
+    for (int s = 0; s < SB; ++s) kv[s] = load_part<KT>(K, static_cast<size_t>(j0 + s) * hd + 8 * nfull, tail);
 #pragma GCC unroll 4
     for (int i = 0; i < NR; ++i) {
       const __m256 q = _mm256_loadu_ps(qs + static_cast<size_t>(i) * hdp + 8 * nfull);
@@ -122,16 +131,16 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, int32_t tail, 
     for (int s = 0; s < SB; ++s) sc[static_cast<size_t>(i) * psp + j0 + s] = sums[i * SB + s];
 }
 
-template <bool F16, int NR>
+template <int KT, int NR>
 void qk_rows(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, float* sc, int32_t psp) {
   constexpr int SB = NR <= 2 ? 4 : 2;  // <= 8 accumulators + SB K vectors + 1 q vector in 16 ymm
   const int32_t nfull = hd / 8, tail = hd % 8;
   int32_t j = 0;
-  for (; j + SB <= n; j += SB) qk_block<F16, NR, SB>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
-  for (; j < n; ++j) qk_block<F16, NR, 1>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+  for (; j + SB <= n; j += SB) qk_block<KT, NR, SB>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+  for (; j < n; ++j) qk_block<KT, NR, 1>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
 }
 
-template <bool F16>
+template <int KT>
 void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R, float* scores,
           int32_t psp) {
   for (int32_t r0 = 0; r0 < R; r0 += 4) {
@@ -139,22 +148,22 @@ void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp,
     float* sc = scores + static_cast<size_t>(r0) * psp;
     switch (imin(4, R - r0)) {
       case 1:
-        qk_rows<F16, 1>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 1>(K, n, hd, q, hdp, sc, psp);
         break;
       case 2:
-        qk_rows<F16, 2>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 2>(K, n, hd, q, hdp, sc, psp);
         break;
       case 3:
-        qk_rows<F16, 3>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 3>(K, n, hd, q, hdp, sc, psp);
         break;
       default:
-        qk_rows<F16, 4>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 4>(K, n, hd, q, hdp, sc, psp);
         break;
     }
   }
 }
 
-template <bool F16, int RB, int DB>
+template <int KT, int RB, int DB>
 inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, int32_t tail, const int32_t* nv,
                      int32_t jfull, int32_t jmax, const float* p, int32_t psp, const float* alpha, float* acc,
                      int32_t hdp) {
@@ -172,7 +181,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, int
 #pragma GCC unroll 4
     for (int b = 0; b < DB; ++b) {
       const size_t idx = static_cast<size_t>(j) * hd + 8 * (v0 + b);
-      vv[b] = (b == DB - 1 && has_tail) ? load_part<F16>(V, idx, tail) : load<F16>(V, idx);
+      vv[b] = (b == DB - 1 && has_tail) ? load_part<KT>(V, idx, tail) : load<KT>(V, idx);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < RB; ++i) {
@@ -188,7 +197,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, int
     for (int b = 0; b < DB; ++b) _mm256_storeu_ps(acc + static_cast<size_t>(i) * hdp + 8 * (v0 + b), a[i][b]);
 }
 
-template <bool F16, int RB, int DB>
+template <int KT, int RB, int DB>
 void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int32_t rel0, const float* p, int32_t psp,
              const float* alpha, float* acc, int32_t hdp) {
   int32_t nv[RB];
@@ -204,29 +213,46 @@ void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int
   acc += static_cast<size_t>(r0) * hdp;
   int32_t v0 = 0;
   for (; v0 + DB <= nvec; v0 += DB)
-    pv_block<F16, RB, DB>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
-  for (; v0 < nvec; ++v0) pv_block<F16, RB, 1>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+    pv_block<KT, RB, DB>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+  for (; v0 < nvec; ++v0) pv_block<KT, RB, 1>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
 }
 
-template <bool F16>
+template <int KT>
 void pv_t(const uint8_t* V, int32_t n, int32_t hd, const float* p, int32_t psp, const float* alpha, float* acc,
           int32_t hdp, int32_t R, int32_t G, int32_t rel0) {
   int32_t r0 = 0;
-  for (; r0 + 4 <= R; r0 += 4) pv_rows<F16, 4, 2>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+  for (; r0 + 4 <= R; r0 += 4) pv_rows<KT, 4, 2>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
   if (r0 + 2 <= R) {
-    pv_rows<F16, 2, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+    pv_rows<KT, 2, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
     r0 += 2;
   }
-  if (r0 < R) pv_rows<F16, 1, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+  if (r0 < R) pv_rows<KT, 1, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
 }
 
 struct Avx2Kern {
-  static void qk(const uint8_t* kblock, bool f16, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
+  // n rows of head_dim / 32 Q8_0 blocks -> f32 rows (stride hd): value = d * q, as ggml dequantises.
+  static void dequant_q8(const uint8_t* block, int32_t n, int32_t hd, float* out) {
+    const size_t nb = static_cast<size_t>(n) * (hd / 32);
+    for (size_t b = 0; b < nb; ++b, block += 34, out += 32) {
+      uint16_t dbits;
+      std::memcpy(&dbits, block, 2);
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(dbits));
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * c));
+        _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+      }
+    }
+  }
+
+  static void qk(const uint8_t* kblock, int kind, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
                  float* scores, int32_t psp, float*) {
-    if (f16)
-      qk_t<true>(kblock, n, hd, qs, hdp, R, scores, psp);
+    if (kind == kElemF16)
+      qk_t<kElemF16>(kblock, n, hd, qs, hdp, R, scores, psp);
+    else if (kind == kElemBF16)
+      qk_t<kElemBF16>(kblock, n, hd, qs, hdp, R, scores, psp);
     else
-      qk_t<false>(kblock, n, hd, qs, hdp, R, scores, psp);
+      qk_t<kElemF32>(kblock, n, hd, qs, hdp, R, scores, psp);
   }
 
   static void softmax(float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, float* m, float* l,
@@ -264,12 +290,14 @@ struct Avx2Kern {
     }
   }
 
-  static void pv(const uint8_t* vblock, bool f16, int32_t n, int32_t hd, const float* p, int32_t psp,
+  static void pv(const uint8_t* vblock, int kind, int32_t n, int32_t hd, const float* p, int32_t psp,
                  const float* alpha, float* acc, int32_t hdp, int32_t R, int32_t G, int32_t rel0, float*) {
-    if (f16)
-      pv_t<true>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    if (kind == kElemF16)
+      pv_t<kElemF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    else if (kind == kElemBF16)
+      pv_t<kElemBF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
     else
-      pv_t<false>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+      pv_t<kElemF32>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
   }
 
   static void mass(const float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, const float* m,

@@ -1,6 +1,7 @@
 // AVX-512 page kernels of paged_attention (compiled with -mavx512f/bw/vl/dq -mfma -mf16c; run only when
-// the CPU has them). F16 pages are widened in registers with vcvtph2ps; any head_dim works (the last
-// partial vector of a row uses masked loads, which never touch the masked-off elements).
+// the CPU has them). F16 pages are widened in registers with vcvtph2ps, BF16 by a 16-bit shift; Q8_0 pages
+// are dequantised once per page and tile (attention_impl.h). Any head_dim works (the last partial vector of
+// a row uses masked loads, which never touch the masked-off elements).
 //
 // QK: for each slot block (SB slots) and row block (NR <= 8 rows), NR x SB zmm accumulators over head_dim;
 //     each K vector is loaded/converted once per row block; results are reduced 4 at a time.
@@ -13,6 +14,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+
+#include <cstring>
 
 #include "kernels/attention_impl.h"
 
@@ -40,18 +43,24 @@ inline __mmask16 lanes(int32_t k) {  // first min(k, 16) lanes (k >= 0)
   return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
 }
 
-template <bool F16>
+inline __m512 cvtbf(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+template <int KT>
 inline __m512 load(const uint8_t* block, size_t idx) {
-  if constexpr (F16)
+  if constexpr (KT == kElemF16)
     return cvtph(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * idx)));
+  else if constexpr (KT == kElemBF16)
+    return cvtbf(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * idx)));
   else
     return _mm512_loadu_ps(reinterpret_cast<const float*>(block) + idx);
 }
 
-template <bool F16>
+template <int KT>
 inline __m512 load(const uint8_t* block, size_t idx, __mmask16 m) {
-  if constexpr (F16)
+  if constexpr (KT == kElemF16)
     return cvtph(_mm256_maskz_loadu_epi16(m, block + 2 * idx));
+  else if constexpr (KT == kElemBF16)
+    return cvtbf(_mm256_maskz_loadu_epi16(m, block + 2 * idx));
   else
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(block) + idx);
 }
@@ -88,7 +97,7 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 // Scores of NR rows (qs rows, stride hdp) against slots [j0, j0 + SB) of the K block.
-template <bool F16, int NR, int SB>
+template <int KT, int NR, int SB>
 inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail, int32_t j0, const float* qs,
                      int32_t hdp, float* sc, int32_t psp) {
   __m512 acc[NR][SB];
@@ -99,7 +108,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail
   for (int32_t v = 0; v < nfull; ++v) {
     __m512 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load<F16>(K, static_cast<size_t>(j0 + s) * hd + 16 * v);
+    for (int s = 0; s < SB; ++s) kv[s] = load<KT>(K, static_cast<size_t>(j0 + s) * hd + 16 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * v);
@@ -110,7 +119,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail
   if (tail) {
     __m512 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load<F16>(K, static_cast<size_t>(j0 + s) * hd + 16 * nfull, tail);
+    for (int s = 0; s < SB; ++s) kv[s] = load<KT>(K, static_cast<size_t>(j0 + s) * hd + 16 * nfull, tail);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * nfull);
@@ -132,17 +141,17 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail
     for (int s = 0; s < SB; ++s) sc[static_cast<size_t>(i) * psp + j0 + s] = sums[i * SB + s];
 }
 
-template <bool F16, int NR>
+template <int KT, int NR>
 void qk_rows(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, float* sc, int32_t psp) {
   constexpr int SB = NR <= 4 ? 4 : 2;  // <= 16 accumulators + SB K vectors + 1 q vector in 32 zmm
   const int32_t nfull = hd / 16;
   const __mmask16 tail = static_cast<__mmask16>(hd % 16 ? lanes(hd % 16) : 0);
   int32_t j = 0;
-  for (; j + SB <= n; j += SB) qk_block<F16, NR, SB>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
-  for (; j < n; ++j) qk_block<F16, NR, 1>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+  for (; j + SB <= n; j += SB) qk_block<KT, NR, SB>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
+  for (; j < n; ++j) qk_block<KT, NR, 1>(K, hd, nfull, tail, j, qs, hdp, sc, psp);
 }
 
-template <bool F16>
+template <int KT>
 void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R, float* scores,
           int32_t psp) {
   for (int32_t r0 = 0; r0 < R; r0 += 8) {
@@ -150,35 +159,35 @@ void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp,
     float* sc = scores + static_cast<size_t>(r0) * psp;
     switch (imin(8, R - r0)) {
       case 1:
-        qk_rows<F16, 1>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 1>(K, n, hd, q, hdp, sc, psp);
         break;
       case 2:
-        qk_rows<F16, 2>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 2>(K, n, hd, q, hdp, sc, psp);
         break;
       case 3:
-        qk_rows<F16, 3>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 3>(K, n, hd, q, hdp, sc, psp);
         break;
       case 4:
-        qk_rows<F16, 4>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 4>(K, n, hd, q, hdp, sc, psp);
         break;
       case 5:
-        qk_rows<F16, 5>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 5>(K, n, hd, q, hdp, sc, psp);
         break;
       case 6:
-        qk_rows<F16, 6>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 6>(K, n, hd, q, hdp, sc, psp);
         break;
       case 7:
-        qk_rows<F16, 7>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 7>(K, n, hd, q, hdp, sc, psp);
         break;
       default:
-        qk_rows<F16, 8>(K, n, hd, q, hdp, sc, psp);
+        qk_rows<KT, 8>(K, n, hd, q, hdp, sc, psp);
         break;
     }
   }
 }
 
 // acc[i][v0 .. v0+DB vectors] = acc * alpha[i] + sum_{j < nv[i]} p[i][j] * V[j][...] for RB rows.
-template <bool F16, int RB, int DB>
+template <int KT, int RB, int DB>
 inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __mmask16 tail, const int32_t* nv,
                      int32_t jfull, int32_t jmax, const float* p, int32_t psp, const float* alpha, float* acc,
                      int32_t hdp) {
@@ -197,7 +206,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
   for (; j < jfull; ++j) {  // slots visible to every row of the block
     __m512 vv[DB];
 #pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) vv[b] = load<F16>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+    for (int b = 0; b < DB; ++b) vv[b] = load<KT>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
 #pragma GCC unroll 8
     for (int i = 0; i < RB; ++i) {
       const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(i) * psp + j]);
@@ -208,7 +217,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
   for (; j < jmax; ++j) {  // causal edge: only rows whose limit covers slot j
     __m512 vv[DB];
 #pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) vv[b] = load<F16>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+    for (int b = 0; b < DB; ++b) vv[b] = load<KT>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
 #pragma GCC unroll 8
     for (int i = 0; i < RB; ++i) {
       if (j >= nv[i]) continue;
@@ -223,7 +232,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
     for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b), a[i][b]);
 }
 
-template <bool F16, int RB, int DB>
+template <int KT, int RB, int DB>
 void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int32_t rel0, const float* p, int32_t psp,
              const float* alpha, float* acc, int32_t hdp) {
   int32_t nv[RB];
@@ -240,33 +249,49 @@ void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int
   acc += static_cast<size_t>(r0) * hdp;
   int32_t v0 = 0;
   for (; v0 + DB <= nvec; v0 += DB)
-    pv_block<F16, RB, DB>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
-  for (; v0 < nvec; ++v0) pv_block<F16, RB, 1>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+    pv_block<KT, RB, DB>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
+  for (; v0 < nvec; ++v0) pv_block<KT, RB, 1>(V, hd, v0, nvec, tail, nv, jfull, jmax, p, psp, alpha, acc, hdp);
 }
 
-template <bool F16>
+template <int KT>
 void pv_t(const uint8_t* V, int32_t n, int32_t hd, const float* p, int32_t psp, const float* alpha, float* acc,
           int32_t hdp, int32_t R, int32_t G, int32_t rel0) {
   int32_t r0 = 0;
-  for (; r0 + 8 <= R; r0 += 8) pv_rows<F16, 8, 2>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+  for (; r0 + 8 <= R; r0 += 8) pv_rows<KT, 8, 2>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
   if (r0 + 4 <= R) {
-    pv_rows<F16, 4, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+    pv_rows<KT, 4, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
     r0 += 4;
   }
   if (r0 + 2 <= R) {
-    pv_rows<F16, 2, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+    pv_rows<KT, 2, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
     r0 += 2;
   }
-  if (r0 < R) pv_rows<F16, 1, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
+  if (r0 < R) pv_rows<KT, 1, 4>(V, n, hd, r0, G, rel0, p, psp, alpha, acc, hdp);
 }
 
 struct Avx512Kern {
-  static void qk(const uint8_t* kblock, bool f16, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
+  // n rows of head_dim / 32 Q8_0 blocks -> f32 rows (stride hd): value = d * q, as ggml dequantises.
+  static void dequant_q8(const uint8_t* block, int32_t n, int32_t hd, float* out) {
+    const size_t nb = static_cast<size_t>(n) * (hd / 32);
+    for (size_t b = 0; b < nb; ++b, block += 34, out += 32) {
+      uint16_t dbits;
+      std::memcpy(&dbits, block, 2);
+      const __m512 d = _mm512_set1_ps(_cvtsh_ss(dbits));
+      const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
+      const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18)));
+      _mm512_storeu_ps(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
+      _mm512_storeu_ps(out + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
+    }
+  }
+
+  static void qk(const uint8_t* kblock, int kind, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
                  float* scores, int32_t psp, float*) {
-    if (f16)
-      qk_t<true>(kblock, n, hd, qs, hdp, R, scores, psp);
+    if (kind == kElemF16)
+      qk_t<kElemF16>(kblock, n, hd, qs, hdp, R, scores, psp);
+    else if (kind == kElemBF16)
+      qk_t<kElemBF16>(kblock, n, hd, qs, hdp, R, scores, psp);
     else
-      qk_t<false>(kblock, n, hd, qs, hdp, R, scores, psp);
+      qk_t<kElemF32>(kblock, n, hd, qs, hdp, R, scores, psp);
   }
 
   static void softmax(float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, float* m, float* l,
@@ -298,12 +323,14 @@ struct Avx512Kern {
     }
   }
 
-  static void pv(const uint8_t* vblock, bool f16, int32_t n, int32_t hd, const float* p, int32_t psp,
+  static void pv(const uint8_t* vblock, int kind, int32_t n, int32_t hd, const float* p, int32_t psp,
                  const float* alpha, float* acc, int32_t hdp, int32_t R, int32_t G, int32_t rel0, float*) {
-    if (f16)
-      pv_t<true>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    if (kind == kElemF16)
+      pv_t<kElemF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    else if (kind == kElemBF16)
+      pv_t<kElemBF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
     else
-      pv_t<false>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+      pv_t<kElemF32>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
   }
 
   static void mass(const float* scores, int32_t psp, int32_t n, int32_t R, int32_t G, int32_t rel0, const float* m,

@@ -11,6 +11,10 @@
 //   uses a slot past its own limit (masked in the softmax and skipped in the V pass, so even non-finite
 //   K/V there cannot leak into it), and no slot >= n_slots or page past the last visible one is read.
 //   key_mass (optional) is a second pass over K per tile, after the tile's final m and l are known.
+//   KV element types: F32 / F16 / BF16 are read (and widened) in registers by the page kernels. Q8_0 rows
+//   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are dequantised once per page and tile into the
+//   `conv` scratch tile (page_size x head_dim f32) by Kern::dequant_q8 and then go through the F32
+//   kernels: one conversion serves every query row of the tile (the whole GQA group in decode).
 //   No software prefetch of the next page: tried (1-16 pages ahead, T0/T1 hints), no measurable gain on
 //   the development VM, where the kernel already reaches ~85% of a plain read of scattered 8 KiB blocks.
 //
@@ -32,6 +36,9 @@ void paged_attention_avx2(const KvStreamView& kv, const AttentionArgs& args);
 void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args);
 
 namespace {
+
+// Element kinds the page kernels read directly (Q8_0 is dequantised to F32 first, see above).
+enum : int { kElemF32 = 0, kElemF16 = 1, kElemBF16 = 2 };
 
 // Query rows processed together against each page. 32 rows x 128 dims keeps the q tile and accumulator
 // (2 x 16 KiB) in L1/L2 while amortising each page load over up to 32 rows during prefill.
@@ -59,7 +66,7 @@ struct Layout {
   float* m = nullptr;       // [rows]       running max
   float* l = nullptr;       // [rows]       running sum
   float* alpha = nullptr;   // [rows]       rescale factor of the current page
-  float* conv = nullptr;    // [page_size][hdp]  f16 -> f32 page conversion (scalar path)
+  float* conv = nullptr;    // [page_size][hdp]  page block converted to f32 (Q8_0; F16/BF16 on the scalar path)
 };
 
 constexpr size_t scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size) {
@@ -107,11 +114,19 @@ template <class Kern>
 void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t hd = kv.head_dim, ps = kv.page_size, G = a.group, n_new = a.n_new;
   if (n_new <= 0) return;
-  const bool f16 = kv.kv_type == DType::F16;
+  const DType type = kv.kv_type;
+  const bool q8 = type == DType::Q8_0;
+  const int kind = type == DType::F16 ? kElemF16 : type == DType::BF16 ? kElemBF16 : kElemF32;
   const int32_t base = kv.n_slots - n_new;  // slots before the first new token
   const int32_t tt = tile_tokens(n_new, G);
   const Layout L = make_layout(a.scratch, n_new, G, hd, ps);
   const int32_t hdp = L.hdp, psp = L.psp;
+  // Q8_0 block -> f32 rows in L.conv (row stride hd), read by the F32 kernels.
+  auto block = [&](const uint8_t* b, int32_t n) -> const uint8_t* {
+    if (!q8) return b;
+    Kern::dequant_q8(b, n, hd, L.conv);
+    return reinterpret_cast<const uint8_t*>(L.conv);
+  };
 
   for (int32_t t0 = 0; t0 < n_new; t0 += tt) {
     const int32_t t1 = imin(n_new, t0 + tt);
@@ -134,10 +149,10 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const int32_t s0 = pg * ps;
       const int32_t n = imin(ps, last_limit - s0);
       const uint8_t* page = kv.pages[pg];
-      Kern::qk(page, f16, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
+      Kern::qk(block(page, n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
       if (kv.holes != nullptr) mask_holes(L.scores, psp, n, R, kv.holes + s0);
       Kern::softmax(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, L.alpha);
-      Kern::pv(page + kv.v_offset, f16, n, hd, L.scores, psp, L.alpha, L.acc, hdp, R, G, first_limit - s0, L.conv);
+      Kern::pv(block(page + kv.v_offset, n), kind, n, hd, L.scores, psp, L.alpha, L.acc, hdp, R, G, first_limit - s0, L.conv);
     }
 
     for (int32_t r = 0; r < R; ++r) {
@@ -151,7 +166,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       for (int32_t pg = 0; pg < n_pages; ++pg) {
         const int32_t s0 = pg * ps;
         const int32_t n = imin(ps, last_limit - s0);
-        Kern::qk(kv.pages[pg], f16, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
+        Kern::qk(block(kv.pages[pg], n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
         if (kv.holes != nullptr) mask_holes(L.scores, psp, n, R, kv.holes + s0);
         Kern::mass(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, a.key_mass + s0);
       }

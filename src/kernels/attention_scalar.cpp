@@ -1,5 +1,6 @@
 // Portable page kernels of paged_attention (baseline x86-64 / any CPU). The reference for the SIMD paths;
-// plain loops the compiler may vectorise with SSE2. F16 pages are converted to f32 once per page and tile.
+// plain loops the compiler may vectorise with SSE2. F16 / BF16 / Q8_0 pages are converted to f32 once per
+// page and tile.
 #include <cmath>
 #include <cstring>
 
@@ -10,14 +11,14 @@ namespace kvpack::kernels::attn_detail {
 namespace {
 
 // Rows [0, n) of a page block as f32: the block itself for F32, else converted into `conv`.
-const float* page_f32(const void* block, bool f16, int32_t n, int32_t hd, float* conv) {
-  if (!f16) return static_cast<const float*>(block);
+const float* page_f32(const void* block, int kind, int32_t n, int32_t hd, float* conv) {
+  if (kind == kElemF32) return static_cast<const float*>(block);
   const auto* h = static_cast<const uint8_t*>(block);
   const size_t count = static_cast<size_t>(n) * hd;
   for (size_t i = 0; i < count; ++i) {
     uint16_t bits;
     std::memcpy(&bits, h + 2 * i, 2);
-    conv[i] = fp16_to_f32(bits);
+    conv[i] = kind == kElemF16 ? fp16_to_f32(bits) : bf16_to_f32(bits);
   }
   return conv;
 }
@@ -32,9 +33,21 @@ float dot(const float* a, const float* b, int32_t n) {
 }
 
 struct ScalarKern {
-  static void qk(const uint8_t* kblock, bool f16, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
+  // n rows of head_dim / 32 Q8_0 blocks -> f32 rows (stride hd): value = d * q, as ggml dequantises.
+  static void dequant_q8(const uint8_t* block, int32_t n, int32_t hd, float* out) {
+    const size_t nb = static_cast<size_t>(n) * (hd / 32);
+    for (size_t b = 0; b < nb; ++b, block += 34, out += 32) {
+      uint16_t dbits;
+      std::memcpy(&dbits, block, 2);
+      const float d = fp16_to_f32(dbits);
+      const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+      for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(q[i]);
+    }
+  }
+
+  static void qk(const uint8_t* kblock, int kind, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
                  float* scores, int32_t psp, float* conv) {
-    const float* K = page_f32(kblock, f16, n, hd, conv);
+    const float* K = page_f32(kblock, kind, n, hd, conv);
     for (int32_t r = 0; r < R; ++r)
       for (int32_t j = 0; j < n; ++j)
         scores[static_cast<size_t>(r) * psp + j] =
@@ -66,9 +79,9 @@ struct ScalarKern {
     }
   }
 
-  static void pv(const uint8_t* vblock, bool f16, int32_t n, int32_t hd, const float* p, int32_t psp,
+  static void pv(const uint8_t* vblock, int kind, int32_t n, int32_t hd, const float* p, int32_t psp,
                  const float* alpha, float* acc, int32_t hdp, int32_t R, int32_t G, int32_t rel0, float* conv) {
-    const float* V = page_f32(vblock, f16, n, hd, conv);
+    const float* V = page_f32(vblock, kind, n, hd, conv);
     for (int32_t r = 0; r < R; ++r) {
       const int32_t nv = row_valid(rel0, r, G, n);
       float* o = acc + static_cast<size_t>(r) * hdp;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 namespace kvpack::kv {
@@ -12,11 +13,15 @@ void PagePool::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
 PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
   if (cfg_.page_size <= 0 || cfg_.head_dim <= 0 || cfg_.max_pages <= 0)
     throw std::invalid_argument("page pool: page_size, head_dim and max_pages must be positive");
-  if (cfg_.kv_type != DType::F32 && cfg_.kv_type != DType::F16)
-    throw std::invalid_argument("page pool: KV type must be F32 or F16");
+  if (!kernels::kv_type_supported(cfg_.kv_type))
+    throw std::invalid_argument("page pool: KV type must be f32, f16, bf16 or q8_0");
   if (cfg_.max_pages > INT32_MAX) throw std::invalid_argument("page pool: too many pages");
-  elem_bytes_ = cfg_.kv_type == DType::F32 ? 4 : 2;
-  page_bytes_ = 2 * elem_bytes_ * static_cast<size_t>(cfg_.page_size) * cfg_.head_dim;
+  try {
+    row_bytes_ = kernels::kv_row_bytes(cfg_.kv_type, cfg_.head_dim);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("page pool: ") + e.what());
+  }
+  page_bytes_ = 2 * row_bytes_ * static_cast<size_t>(cfg_.page_size);
   if (cfg_.pages_per_chunk <= 0) {
     const size_t target = size_t{2} << 20;
     cfg_.pages_per_chunk = static_cast<int32_t>(std::max<size_t>(1, target / page_bytes_));
@@ -40,7 +45,7 @@ PageId PagePool::allocate() {
     p = next_fresh_;
     if (static_cast<size_t>(p) / cfg_.pages_per_chunk >= chunks_.size()) {
       // Round up to the 64-byte alignment aligned_alloc needs; page_bytes is a multiple of 64 in
-      // practice (16 slots x head_dim x 2 bytes x 2), but tiny test shapes may not be.
+      // practice (16 slots x row bytes x 2, Q8_0 rows included), but tiny test shapes may not be.
       const size_t bytes = (chunk_bytes_ + 63) / 64 * 64;
       auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
       if (mem == nullptr) return kNoPage;

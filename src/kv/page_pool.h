@@ -7,6 +7,10 @@
 // rather than masking keys, and the attention kernel reads each page as two contiguous tiles.
 // The cost is metadata: one page-table entry per (layer, head, 16 tokens) — e.g. 224 streams for a
 // Qwen3-0.6B shape, ~14 entries per stream per 224 tokens — small next to the 8 KiB (f16) pages.
+// Row format: one K (or V) row is kernels::kv_row_bytes(kv_type, head_dim) bytes (kernels/attention.h):
+// 4 / 2 / 2 bytes per element for F32 / F16 / BF16, and head_dim / 32 Q8_0 blocks of 34 bytes (so a
+// Q8_0 page is 34/64 of an F16 one; Q8_0 needs head_dim % 32 == 0). Everything above the kernels moves
+// whole rows (slot_bytes()) and never looks inside one; rows are only 2-byte aligned for Q8_0.
 //
 // Memory grows with pages actually used: page storage is allocated in chunks on first use, freed pages
 // are reused LIFO (hot in cache), and `max_pages` only bounds growth.
@@ -19,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "util/dtype.h"
 
 namespace kvpack::kv {
@@ -29,7 +34,7 @@ inline constexpr PageId kNoPage = -1;
 struct PoolConfig {
   int32_t page_size = 16;
   int32_t head_dim = 0;
-  DType kv_type = DType::F32;   // F32 or F16
+  DType kv_type = DType::F32;   // F32, F16, BF16 or Q8_0 (head_dim % 32 == 0)
   int64_t max_pages = 0;        // hard limit on pages in existence
   int32_t pages_per_chunk = 0;  // 0 = choose (~2 MiB chunks)
 };
@@ -53,10 +58,9 @@ class PagePool {
   const int32_t* positions(PageId p) const { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
 
   const PoolConfig& config() const { return cfg_; }
-  size_t elem_bytes() const { return elem_bytes_; }
   size_t page_bytes() const { return page_bytes_; }      // K + V
   size_t v_offset() const { return page_bytes_ / 2; }    // byte offset of V inside a page
-  size_t slot_bytes() const { return elem_bytes_ * cfg_.head_dim; }  // one K (or V) row
+  size_t slot_bytes() const { return row_bytes_; }       // one K (or V) row, kernels::kv_row_bytes
 
   int64_t capacity() const { return cfg_.max_pages; }
   int64_t used_pages() const { return used_; }
@@ -77,7 +81,7 @@ class PagePool {
     void operator()(uint8_t* p) const;
   };
   PoolConfig cfg_;
-  size_t elem_bytes_ = 4, page_bytes_ = 0, chunk_bytes_ = 0;
+  size_t row_bytes_ = 0, page_bytes_ = 0, chunk_bytes_ = 0;
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> chunks_;
   std::vector<int32_t> refcount_;   // per page id ever created
   std::vector<int32_t> positions_;  // per page id * page_size

@@ -129,27 +129,15 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
     // Write K/V of the new tokens into their slots (the last n slots of each stream).
     for (size_t i = 0; i < batch.size(); ++i) {
       kv::SequenceKv& kv = *batch[i].kv;
-      const bool f16 = kv.pool().config().kv_type == DType::F16;
+      const DType kt = kv.pool().config().kv_type;
       for (int32_t h = 0; h < c.n_head_kv; ++h) {
         const int32_t s = kv.stream_index(l, h);
         const int32_t first = kv.n_slots(s) - spans_[i].n;
         for (int32_t t = 0; t < spans_[i].n; ++t) {
           const int64_t row = spans_[i].begin + t;
-          const float* ks = k_.data() + row * KVD + h * HD;
-          const float* vs = v_.data() + row * KVD + h * HD;
-          uint8_t* kd = kv.k_slot(s, first + t);
-          uint8_t* vd = kv.v_slot(s, first + t);
-          if (f16) {
-            auto* k16 = reinterpret_cast<uint16_t*>(kd);
-            auto* v16 = reinterpret_cast<uint16_t*>(vd);
-            for (int64_t e = 0; e < HD; ++e) {
-              k16[e] = f32_to_fp16(ks[e]);
-              v16[e] = f32_to_fp16(vs[e]);
-            }
-          } else {
-            std::memcpy(kd, ks, static_cast<size_t>(HD) * 4);
-            std::memcpy(vd, vs, static_cast<size_t>(HD) * 4);
-          }
+          // f32 -> KV row: copy, round to nearest even (F16/BF16) or ggml's Q8_0 reference quantiser.
+          kernels::kv_encode_row(k_.data() + row * KVD + h * HD, kt, HD, kv.k_slot(s, first + t));
+          kernels::kv_encode_row(v_.data() + row * KVD + h * HD, kt, HD, kv.v_slot(s, first + t));
         }
       }
     }
