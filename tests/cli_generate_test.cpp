@@ -54,6 +54,20 @@ TEST(CliGenerate, StatsLineReportsKvUse) {
   EXPECT_NE(r.err.find("generated=30 "), std::string::npos) << r.err;
 }
 
+// The README's main job: no -m, the default model (the embedded trained testbed model, or the random
+// fallback in a build without it). Twice: the second run reuses the file the first wrote. Greedy output
+// is deterministic.
+TEST(CliGenerate, DefaultModelRunsWithoutArguments) {
+  const Proc a = run("generate -p \"It is a truth\" -n 12 --temp 0");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_NE(a.err.find("using the embedded default model"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("generated=12 "), std::string::npos) << a.err;
+  EXPECT_EQ(a.out.rfind("It is a truth", 0), 0u) << a.out;
+  const Proc b = run("generate -p \"It is a truth\" -n 12 --temp 0");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST(CliErrors, OneClearLineAndNonZeroExit) {
   struct Case {
     std::string args, needle;

@@ -1,10 +1,15 @@
-// `kvpack gen-model`: write a random-weight GGUF of a given architecture and shape, and the embedded
-// default model (a small deterministic random model, until a trained testbed model lands).
+// `kvpack gen-model`: write a random-weight GGUF of a given architecture and shape; and the default
+// model: the trained testbed model embedded at build time (CMakeLists.txt, models/testbed.gguf), or,
+// in a build without it, a small deterministic random model.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <stdexcept>
+#include <vector>
 
 #include "commands.h"
 #include "gguf/model_writer.h"
@@ -12,7 +17,7 @@
 namespace kvpack::cli {
 namespace {
 
-gguf::RandomModelSpec default_spec() {
+[[maybe_unused]] gguf::RandomModelSpec default_spec() {  // unused when a trained model is embedded
   gguf::RandomModelSpec s;
   s.arch = "llama";
   s.n_vocab = 512;
@@ -39,12 +44,56 @@ DType parse_type(const std::string& t) {
 
 }  // namespace
 
-std::string default_model_path() {
-  // Next to the executable (the build directory), written once; deterministic, so a stale copy is fine.
+#ifdef KVPACK_EMBEDDED_MODEL
+extern "C" const unsigned char kvpack_default_model_begin[];
+extern "C" const unsigned char kvpack_default_model_end[];
+#endif
+
+namespace {
+
+std::filesystem::path default_model_dir() {
+  // Next to the executable (the build directory), else the temp directory.
   std::error_code ec;
   std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
   if (ec || access(dir.c_str(), W_OK) != 0) dir = std::filesystem::temp_directory_path();
-  const std::filesystem::path path = dir / "kvpack-default-random-model.gguf";
+  return dir;
+}
+
+#ifdef KVPACK_EMBEDDED_MODEL
+// The loader maps files, so the embedded bytes are written out once (and rewritten if the file differs,
+// e.g. after a rebuild with a new model) to a path named after their size.
+std::string embedded_model_path() {
+  const size_t n = static_cast<size_t>(kvpack_default_model_end - kvpack_default_model_begin);
+  const std::filesystem::path path = default_model_dir() / ("kvpack-default-model-" + std::to_string(n) + ".gguf");
+  bool same = false;
+  if (std::ifstream in(path, std::ios::binary); in) {
+    std::vector<char> buf(n + 1);
+    in.read(buf.data(), static_cast<std::streamsize>(n + 1));
+    same = static_cast<size_t>(in.gcount()) == n && std::memcmp(buf.data(), kvpack_default_model_begin, n) == 0;
+  }
+  if (!same) {
+    const std::filesystem::path tmp = path.string() + ".tmp" + std::to_string(getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(kvpack_default_model_begin), static_cast<std::streamsize>(n));
+      if (!out) throw std::runtime_error("cannot write the embedded default model to " + tmp.string());
+    }
+    std::filesystem::rename(tmp, path);  // atomic: concurrent first runs never see a partial file
+  }
+  return path.string();
+}
+#endif
+
+}  // namespace
+
+std::string default_model_path() {
+#ifdef KVPACK_EMBEDDED_MODEL
+  const std::string p = embedded_model_path();
+  std::fprintf(stderr, "[kvpack] no -m given: using the embedded default model (the kvpack testbed model, docs/testbed.md)\n");
+  return p;
+#else
+  // Deterministic, so a stale copy is fine.
+  const std::filesystem::path path = default_model_dir() / "kvpack-default-random-model.gguf";
   if (!std::filesystem::exists(path)) {
     gguf::RandomModelSpec s = default_spec();
     gguf::write_random_model(s, path.string());
@@ -52,6 +101,7 @@ std::string default_model_path() {
   std::fprintf(stderr, "[kvpack] no -m given: using the embedded default model (RANDOM weights, seed %llu; not trained)\n",
                static_cast<unsigned long long>(default_spec().seed));
   return path.string();
+#endif
 }
 
 void add_gen_model(CLI::App& app) {
