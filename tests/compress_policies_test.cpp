@@ -28,11 +28,13 @@
 #include "compress/calibration.h"
 #include "compress/compressor.h"
 #include "compress/config.h"
+#include "compress/scoring.h"
 #include "compress/selection.h"  // pyramid_budgets only (checked against hand-computed values)
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "util/half.h"
 #include "util/thread_pool.h"
 
 using namespace kvpack;
@@ -776,6 +778,59 @@ TEST_P(TriAttentionTest, LargeAbsolutePosition) {
 
 INSTANTIATE_TEST_SUITE_P(RopeLayouts, TriAttentionTest, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "neox" : "normal"; });
+
+// The production layout — F16 keys, NeoX pairs, head_dim 128 (F = 64 bands), groups of 2 and 8 — takes
+// the vectorised scoring path on AVX-512 machines: every score must equal the folded formula evaluated in
+// double precision on the stored (f16) keys, for every slot and query head of the group.
+TEST(CompressPolicies, TriAttentionF16NeoxScoresMatchDoubleFormula) {
+  for (int32_t group : {2, 8}) {
+    ModelConfig mc = tiny_model(true, 2, 2 * group, 2);
+    mc.head_dim = 128;
+    mc.rope_dims = 128;
+    mc.n_embd = mc.n_head * 128;
+    const QueryStats qs = make_stats(mc, 40 + static_cast<uint32_t>(group));
+    kv::PoolConfig pc = pool_config();
+    pc.head_dim = 128;
+    pc.kv_type = DType::F16;
+    kv::PagePool pool(pc);
+    kv::SequenceKv kv(pool, mc.n_layer, mc.n_head_kv);
+    const int32_t n = 77;
+    ASSERT_TRUE(kv.append(n, 5000));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.5f);
+    for (int32_t st = 0; st < kv.n_streams(); ++st)
+      for (int32_t j = 0; j < n; ++j) {
+        auto* h = reinterpret_cast<uint16_t*>(kv.k_slot(st, j));
+        for (int e = 0; e < 128; ++e) h[e] = f32_to_fp16(nd(rng));
+      }
+    std::vector<float> C, S;
+    tri_offset_table(mc, kv.next_pos(), C, S);
+    const int32_t F = 64;
+    for (int32_t layer = 0; layer < mc.n_layer; ++layer)
+      for (int32_t h = 0; h < mc.n_head_kv; ++h) {
+        std::vector<float> out(static_cast<size_t>(group) * n);
+        score_triattention_group(kv, mc, qs, layer, h, C, S, out);
+        const int32_t st = kv.stream_index(layer, h);
+        for (int32_t g = 0; g < group; ++g)
+          for (int32_t j = 0; j < n; ++j) {
+            const auto* key = reinterpret_cast<const uint16_t*>(kv.k_slot(st, j));
+            double ref = 0, mag = 0;
+            for (int32_t f = 0; f < F; ++f) {
+              const size_t i = qs.index(layer, h * group + g, f);
+              const double qr = qs.mean_re[i], qi = qs.mean_im[i];
+              const double kr = fp16_to_f32(key[f]), ki = fp16_to_f32(key[f + F]);
+              const double m = std::hypot(kr, ki);
+              ref += kr * (qr * C[static_cast<size_t>(f)] - qi * S[static_cast<size_t>(f)]) +
+                     ki * (qi * C[static_cast<size_t>(f)] + qr * S[static_cast<size_t>(f)]) +
+                     (qs.abs_mean[i] - std::hypot(qr, qi)) * m;
+              mag += (std::fabs(kr) + std::fabs(ki)) * (std::fabs(qr) + std::fabs(qi)) * 2 + qs.abs_mean[i] * m;
+            }
+            EXPECT_NEAR(out[static_cast<size_t>(g) * n + j], ref, 1e-5 * mag + 1e-6)
+                << "group " << group << " layer " << layer << " head " << h << " g " << g << " slot " << j;
+          }
+      }
+  }
+}
 
 TEST(CompressPolicies, TriAttentionWithoutStatisticsNamesTheCalibrateCommand) {
   const ModelConfig mc = tiny_model(true);
