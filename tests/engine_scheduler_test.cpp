@@ -53,6 +53,21 @@ void run_until_done(Scheduler& s, const Results& out, int max_steps = 100000) {
   FAIL() << "requests did not finish";
 }
 
+// Steps until every request finished (pool invariants checked at each step); returns the most pages
+// in use at any step.
+int64_t run_tracking_peak(Scheduler& sched, Engine& engine, const Results& out) {
+  int64_t peak = 0;
+  for (int i = 0; i < 2000; ++i) {
+    bool all = true;
+    for (const auto& [id, c] : out) all &= c.finished;
+    if (all) break;
+    sched.step();
+    EXPECT_EQ(sched.check_invariants(), "") << "step " << i;
+    peak = std::max(peak, engine.pool().used_pages());
+  }
+  return peak;
+}
+
 const std::vector<std::string> kPrompts = {
     "Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a big bird",
     "Tom had a red ball", "The sun was hot and", "Sara wanted a cookie", "In a small house there lived",
@@ -202,15 +217,7 @@ TEST_F(SchedulerTest, LongPromptPrefillNeverOvershootsBudgetPlusInterval) {
     s.kv.interval = 32;
     submit(sched, s, out);
   }
-  int64_t peak = 0;
-  for (int i = 0; i < 2000; ++i) {
-    bool all = true;
-    for (const auto& [id, c] : out) all &= c.finished;
-    if (all) break;
-    sched.step();
-    ASSERT_EQ(sched.check_invariants(), "") << "step " << i;
-    peak = std::max(peak, engine.pool().used_pages());
-  }
+  const int64_t peak = run_tracking_peak(sched, engine, out);
   for (const auto& [id, c] : out) EXPECT_EQ(c.completion, 40);
   // 2 sequences x 20 streams x ceil((64 + 32) / 16) pages (a chunk of 256 would need 20 pages per stream).
   EXPECT_LE(peak, 2 * 20 * (96 / 16));
@@ -230,14 +237,7 @@ TEST_F(SchedulerTest, CompressedSequencesStayNearTheirBudget) {
     s.kv.interval = 32;
     submit(sched, s, out);
   }
-  int64_t peak = 0;
-  for (int i = 0; i < 2000; ++i) {
-    bool all = true;
-    for (const auto& [id, c] : out) all &= c.finished;
-    if (all) break;
-    sched.step();
-    peak = std::max(peak, engine.pool().used_pages());
-  }
+  const int64_t peak = run_tracking_peak(sched, engine, out);
   for (const auto& [id, c] : out) EXPECT_EQ(c.completion, 400);
   // 3 sequences x 20 streams x ceil((64 + 32) / 16) pages, + one page per stream for the step's token.
   EXPECT_LE(peak, 3 * 20 * (96 / 16 + 1));
