@@ -1,3 +1,9 @@
+// GCC 12's AVX-512 intrinsic headers trip -W(maybe-)uninitialized on their internal _mm512_undefined_*
+// temporaries (GCC bug 105593, fixed in 13); the pragma must precede the include (as in the kernels).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "compress/scoring.h"
 
 #include <immintrin.h>
