@@ -301,8 +301,11 @@ void fill_kv_synthetic(kv::SequenceKv& seq, int32_t n, uint64_t seed) {
       }
 }
 
-// Seconds of each of `warmup + n` single-token decode steps (forward + argmax), warm-up dropped.
-std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int32_t warmup, int32_t n, std::mt19937& rng) {
+// Seconds of each of `warmup + n` single-token decode steps (forward + argmax), warm-up dropped. With a
+// compressor, it runs on its schedule inside the steps (its events are part of the step times: a
+// compressed sequence pays for its compaction).
+std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int32_t warmup, int32_t n, std::mt19937& rng,
+                                        compress::SequenceCompressor* comp = nullptr) {
   const int32_t V = engine.model().config().n_vocab;
   std::vector<float> logits(static_cast<size_t>(V));
   int32_t tok = random_tokens(1, V, rng)[0];
@@ -313,36 +316,14 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
     item.kv = &seq;
     item.tokens = std::span<const int32_t>(&tok, 1);
     item.logits = logits.data();
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1))) throw std::runtime_error("KV pool exhausted");
+    if (comp) comp->prepare(seq, item);
+    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
+    if (comp) comp->after_forward(seq, false);
     tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const double dt = now_s() - t0;
     if (i >= warmup) steps.push_back(dt);
   }
   return steps;
-}
-
-// Mean seconds per step over `n` decode steps with the compressor active (its events, which fire every
-// `interval` steps, are part of the time: a compressed sequence pays for its compaction), after `warmup`
-// untimed steps. Returns {seconds per step, compression events during the timed steps}.
-std::pair<double, int64_t> kvpack_compressed_steps(Engine& engine, kv::SequenceKv& seq, compress::SequenceCompressor& comp,
-                                                   int32_t warmup, int32_t n, std::mt19937& rng) {
-  const int32_t V = engine.model().config().n_vocab;
-  std::vector<float> logits(static_cast<size_t>(V));
-  int32_t tok = random_tokens(1, V, rng)[0];
-  double t_start = 0;
-  int64_t events0 = 0;
-  for (int32_t i = 0; i < warmup + n; ++i) {
-    if (i == warmup) t_start = now_s(), events0 = comp.stats().events;
-    BatchItem item;
-    item.kv = &seq;
-    item.tokens = std::span<const int32_t>(&tok, 1);
-    item.logits = logits.data();
-    comp.prepare(seq, item);
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1), &comp)) throw std::runtime_error("KV pool exhausted");
-    comp.after_forward(seq, false);
-    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
-  return {(now_s() - t_start) / n, comp.stats().events - events0};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -732,7 +713,11 @@ void add_bench_peer(CLI::App& bench) {
         compress::SequenceCompressor comp(kvc, c, engine.calibration(), 1, &engine.threads());
         comp.compress(*cs);
         const int32_t n = std::max(b->decode_tokens, kvc.interval + 1);
-        const auto [step_s, events] = kvpack_compressed_steps(engine, *cs, comp, b->warmup_steps, n, r2);
+        const int64_t events0 = comp.stats().events;
+        const auto steps = kvpack_decode_steps(engine, *cs, b->warmup_steps, n, r2, &comp);
+        const int64_t events = comp.stats().events - events0;
+        double step_s = 0;  // mean, not median: the compaction event is one step in `interval`
+        for (double x : steps) step_s += x / n;
         const double c_tps = 1.0 / step_s;
         const double c_bytes = W + kv_per_token * (kvc.budget + 0.5 * kvc.interval);
         const double c_roof = bw_now / c_bytes;
