@@ -52,6 +52,34 @@ bool stamped(SequenceKv& kv, int32_t stream, int32_t slot, int32_t pos) {
          kv.position(stream, slot) == pos;
 }
 
+// Random-operation tests, "compact": one stream keeps about two thirds of its slots, chosen at random;
+// every survivor must hold its own position's row (`holds`) at its new slot.
+template <class Holds>
+void compact_randomly(SequenceKv& s, std::mt19937& rng, Holds holds) {
+  const int32_t st = static_cast<int32_t>(rng() % static_cast<unsigned>(s.n_streams()));
+  std::vector<int32_t> keep, before_pos;
+  for (int32_t i = 0; i < s.n_slots(st); ++i)
+    if (rng() % 3 != 0) keep.push_back(i);
+  for (int32_t i : keep) before_pos.push_back(s.position(st, i));
+  if (s.compact_stream(st, keep) >= 0) {
+    ASSERT_EQ(s.n_slots(st), static_cast<int32_t>(keep.size()));
+    for (size_t i = 0; i < keep.size(); ++i) ASSERT_TRUE(holds(s, st, static_cast<int32_t>(i), before_pos[i])) << "slot " << i;
+  }
+}
+
+// Random-operation tests, "outside owner": takes a reference to a sequence's first page (a shared
+// prefix stand-in), or drops one it holds.
+void toggle_outside_reference(PagePool& pool, SequenceKv& s, std::vector<PageId>& outside, std::mt19937& rng) {
+  auto t = s.page_table(0);
+  if (!t.empty() && rng() % 2) {
+    pool.retain(t[0]);
+    outside.push_back(t[0]);
+  } else if (!outside.empty()) {
+    pool.release(outside.back());
+    outside.pop_back();
+  }
+}
+
 }  // namespace
 
 TEST(PagePool, AllocateReleaseAndExhaustion) {
@@ -164,27 +192,9 @@ TEST(SequenceKv, RandomOperationsKeepPoolInvariants) {
           for (int32_t i = s.n_slots(st) - n; i < s.n_slots(st); ++i) stamp(s, st, i, s.position(st, i));
       }
     } else if (op < 8 && !seqs.empty()) {
-      auto& s = *seqs[rng() % seqs.size()];
-      const int32_t st = static_cast<int32_t>(rng() % static_cast<unsigned>(s.n_streams()));
-      std::vector<int32_t> keep, before_pos;
-      for (int32_t i = 0; i < s.n_slots(st); ++i)
-        if (rng() % 3 != 0) keep.push_back(i);
-      for (int32_t i : keep) before_pos.push_back(s.position(st, i));
-      if (s.compact_stream(st, keep) >= 0) {
-        ASSERT_EQ(s.n_slots(st), static_cast<int32_t>(keep.size()));
-        for (size_t i = 0; i < keep.size(); ++i) ASSERT_TRUE(stamped(s, st, static_cast<int32_t>(i), before_pos[i]));
-      }
+      ASSERT_NO_FATAL_FAILURE(compact_randomly(*seqs[rng() % seqs.size()], rng, stamped)) << "step " << step;
     } else if (op == 8 && !seqs.empty()) {
-      // an outside owner takes a reference to some page (shared prefix), or drops one
-      auto& s = *seqs[rng() % seqs.size()];
-      auto t = s.page_table(0);
-      if (!t.empty() && rng() % 2) {
-        pool.retain(t[0]);
-        outside.push_back(t[0]);
-      } else if (!outside.empty()) {
-        pool.release(outside.back());
-        outside.pop_back();
-      }
+      toggle_outside_reference(pool, *seqs[rng() % seqs.size()], outside, rng);
     } else if (!seqs.empty()) {
       seqs.erase(seqs.begin() + static_cast<long>(rng() % seqs.size()));
     }
@@ -280,27 +290,9 @@ TEST_P(KvTypes, CompactionCopyOnWriteAndSharedBlocksMoveWholeRows) {
         for (int32_t st = 0; st < s.n_streams(); ++st)
           for (int32_t i = s.n_slots(st) - n; i < s.n_slots(st); ++i) stamp_typed(s, st, i, s.position(st, i));
     } else if (op < 8 && !seqs.empty()) {
-      auto& s = *seqs[rng() % seqs.size()];
-      const int32_t st = static_cast<int32_t>(rng() % 2);
-      std::vector<int32_t> keep, before_pos;
-      for (int32_t i = 0; i < s.n_slots(st); ++i)
-        if (rng() % 3 != 0) keep.push_back(i);
-      for (int32_t i : keep) before_pos.push_back(s.position(st, i));
-      if (s.compact_stream(st, keep) >= 0) {
-        ASSERT_EQ(s.n_slots(st), static_cast<int32_t>(keep.size()));
-        for (size_t i = 0; i < keep.size(); ++i)
-          ASSERT_TRUE(stamped_typed(s, st, static_cast<int32_t>(i), before_pos[i])) << "step " << step << " slot " << i;
-      }
+      ASSERT_NO_FATAL_FAILURE(compact_randomly(*seqs[rng() % seqs.size()], rng, stamped_typed)) << "step " << step;
     } else if (op == 8 && !seqs.empty()) {
-      auto& s = *seqs[rng() % seqs.size()];
-      auto tb = s.page_table(0);
-      if (!tb.empty() && rng() % 2) {
-        pool.retain(tb[0]);
-        outside.push_back(tb[0]);
-      } else if (!outside.empty()) {
-        pool.release(outside.back());
-        outside.pop_back();
-      }
+      toggle_outside_reference(pool, *seqs[rng() % seqs.size()], outside, rng);
     } else if (!seqs.empty()) {
       seqs.erase(seqs.begin() + static_cast<long>(rng() % seqs.size()));
     }
