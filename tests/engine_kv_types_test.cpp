@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine_logits.h"
 #include "gguf/model_writer.h"
 #include "kernels/attention.h"
 #include "model/forward.h"
@@ -36,23 +37,7 @@ std::vector<int32_t> test_tokens(const Model& m, int32_t n) {
 
 // Teacher-forced logits of every position, [n][n_vocab], with the given KV type and chunk size.
 std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& toks, DType kv_type, int32_t chunk) {
-  const int32_t V = m.config().n_vocab, n = static_cast<int32_t>(toks.size());
-  EngineOptions eo;
-  eo.threads = 2;
-  eo.kv_type = kv_type;
-  eo.max_batch_tokens = chunk;
-  Engine engine(m, eo);
-  auto kv = engine.new_sequence();
-  std::vector<float> out(static_cast<size_t>(n) * V);
-  for (int32_t t = 0; t < n; t += chunk) {
-    BatchItem item;
-    item.kv = kv.get();
-    item.tokens = std::span<const int32_t>(toks.data() + t, static_cast<size_t>(std::min(chunk, n - t)));
-    item.logits = out.data() + static_cast<size_t>(t) * V;
-    item.all_logits = true;
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1))) throw std::runtime_error("forward failed");
-  }
-  return out;
+  return test::teacher_forced_logits(m, toks, kv_type, chunk);
 }
 
 // Worst over positions of max_i |a_i - r_i| / max_i |r_i|.

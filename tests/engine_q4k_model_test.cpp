@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine_logits.h"
 #include "gguf/gguf.h"
 #include "gguf/model_writer.h"
 #include "kernels/matmul.h"
@@ -52,27 +53,10 @@ std::vector<int32_t> prompt(const Model& m, int32_t n) {
 
 // All positions' logits through the engine, `chunk` tokens per forward call.
 std::vector<std::vector<float>> engine_logits(const Model& m, const std::vector<int32_t>& toks, int32_t chunk) {
-  const int32_t V = m.config().n_vocab;
-  EngineOptions eo;
-  eo.threads = 2;
-  eo.page_size = 16;
-  eo.max_batch_tokens = chunk;
-  Engine engine(m, eo);
-  auto kv = engine.new_sequence();
+  const size_t V = static_cast<size_t>(m.config().n_vocab);
+  const std::vector<float> flat = test::teacher_forced_logits(m, toks, DType::F32, chunk);
   std::vector<std::vector<float>> out;
-  std::vector<float> logits(static_cast<size_t>(chunk) * V);
-  const auto n_tokens = static_cast<int32_t>(toks.size());
-  for (int32_t t = 0; t < n_tokens; t += chunk) {
-    const int32_t n = std::min(chunk, n_tokens - t);
-    BatchItem item;
-    item.kv = kv.get();
-    item.tokens = std::span<const int32_t>(toks.data() + t, static_cast<size_t>(n));
-    item.logits = logits.data();
-    item.all_logits = true;
-    EXPECT_TRUE(engine.forward().run(std::span<BatchItem>(&item, 1)));
-    for (int32_t i = 0; i < n; ++i)
-      out.emplace_back(logits.begin() + static_cast<ptrdiff_t>(i) * V, logits.begin() + static_cast<ptrdiff_t>(i + 1) * V);
-  }
+  for (size_t t = 0; t < toks.size(); ++t) out.emplace_back(flat.begin() + static_cast<ptrdiff_t>(t * V), flat.begin() + static_cast<ptrdiff_t>((t + 1) * V));
   return out;
 }
 

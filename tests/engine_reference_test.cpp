@@ -12,6 +12,7 @@
 #include "kernels/matmul.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "engine_logits.h"
 #include "ref_forward.h"
 
 using namespace kvpack;
@@ -45,28 +46,12 @@ void check_model(const Model& m, int32_t n_tokens, int32_t chunk, double tol, DT
   std::vector<std::vector<double>> want;
   for (int32_t t = 0; t < n_tokens; ++t) want.push_back(ref.step(toks[static_cast<size_t>(t)]));
 
-  EngineOptions eo;
-  eo.threads = 2;
-  eo.page_size = 16;
-  eo.kv_type = kv_type;
-  eo.max_batch_tokens = chunk;
-  Engine engine(m, eo);
-  auto kv = engine.new_sequence();
-  std::vector<float> logits(static_cast<size_t>(chunk) * c.n_vocab);
+  const std::vector<float> got = test::teacher_forced_logits(m, toks, kv_type, chunk);
   double worst = 0;
-  for (int32_t t = 0; t < n_tokens; t += chunk) {
-    const int32_t n = std::min(chunk, n_tokens - t);
-    BatchItem item;
-    item.kv = kv.get();
-    item.tokens = std::span<const int32_t>(toks.data() + t, static_cast<size_t>(n));
-    item.logits = logits.data();
-    item.all_logits = true;
-    ASSERT_TRUE(engine.forward().run(std::span<BatchItem>(&item, 1)));
-    for (int32_t i = 0; i < n; ++i) {
-      const double e = rel_err(logits.data() + static_cast<size_t>(i) * c.n_vocab, want[static_cast<size_t>(t + i)]);
-      worst = std::max(worst, e);
-      ASSERT_LT(e, tol) << "position " << t + i << " chunk " << chunk;
-    }
+  for (int32_t t = 0; t < n_tokens; ++t) {
+    const double e = rel_err(got.data() + static_cast<size_t>(t) * c.n_vocab, want[static_cast<size_t>(t)]);
+    worst = std::max(worst, e);
+    ASSERT_LT(e, tol) << "position " << t << " chunk " << chunk;
   }
   std::printf("  %s chunk=%d: worst relative logit error %.3g over %d positions\n", c.name.c_str(), chunk, worst, n_tokens);
 }

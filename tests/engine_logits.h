@@ -1,0 +1,38 @@
+// Test helper: teacher-forced logits of every position through the real engine (shared by the
+// reference, KV-type and Q4_K model tests).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/model.h"
+
+namespace kvpack::test {
+
+// Logits of every position, flat [toks.size()][n_vocab], `chunk` tokens per forward call, 2 threads,
+// 16-slot pages. Throws std::runtime_error if a forward call fails.
+inline std::vector<float> teacher_forced_logits(const Model& m, const std::vector<int32_t>& toks, DType kv_type, int32_t chunk) {
+  const int32_t V = m.config().n_vocab, n = static_cast<int32_t>(toks.size());
+  EngineOptions eo;
+  eo.threads = 2;
+  eo.page_size = 16;
+  eo.kv_type = kv_type;
+  eo.max_batch_tokens = chunk;
+  Engine engine(m, eo);
+  auto kv = engine.new_sequence();
+  std::vector<float> out(static_cast<size_t>(n) * V);
+  for (int32_t t = 0; t < n; t += chunk) {
+    BatchItem item;
+    item.kv = kv.get();
+    item.tokens = std::span<const int32_t>(toks.data() + t, static_cast<size_t>(std::min(chunk, n - t)));
+    item.logits = out.data() + static_cast<size_t>(t) * V;
+    item.all_logits = true;
+    if (!engine.forward().run(std::span<BatchItem>(&item, 1))) throw std::runtime_error("forward failed");
+  }
+  return out;
+}
+
+}  // namespace kvpack::test
