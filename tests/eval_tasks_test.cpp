@@ -161,14 +161,18 @@ TEST(EvalTasks, VarTrackChainResolvesToTheAnswer) {
     std::smatch m;
     ASSERT_TRUE(std::regex_search(q, m, std::regex("VAR ([A-Z]{5})\\?"))) << q;
     std::string v = m[1];
+    EXPECT_TRUE(t.prompt.ends_with("Answer: VAR " + v + " =")) << t.prompt.substr(t.prompt.size() - 60);
     int hops = 0;
+    std::string trace;  // the expected answer: every variable of the chain, then its number
     while (assign[v][0] != '=') {
       v = assign[v];
+      trace += " VAR " + v + " =";
       ++hops;
     }
     EXPECT_EQ(hops, 4);
-    EXPECT_EQ(" " + assign[v].substr(1), t.answer);
-    EXPECT_EQ(count_of(t.prompt, t.answer.substr(1)), 1u);
+    trace += " " + assign[v].substr(1);
+    EXPECT_EQ(trace, t.answer);
+    EXPECT_EQ(count_of(t.prompt, assign[v].substr(1)), 1u);
   }
 }
 

@@ -32,12 +32,12 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
-from testbed.data import CHUNK, TASKS, TaskData, run_gen_tasks  # noqa: E402
+from testbed.data import CHUNK, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
 from testbed.model import Config, Model  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss",
+TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
               "tf_needle", "tf_vartrack", "tf_pointer", "tok_per_s", "data_s"]
 EVAL_COLS = ["step", "elapsed_s", "tokens", "ctx", "val_text_loss", "needle", "vartrack", "pointer", "n"]
 
@@ -72,6 +72,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=float, default=0.02, help="fraction of the run")
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--tokens-per-step", type=int, default=8192)
+    ap.add_argument("--fp32", action="store_true", help="no bf16 autocast (small models: fp32 is as fast on CPUs without AMX)")
     # data
     ap.add_argument("--stages", default="",
                     help="curriculum 'ctx:fraction,...' (default: 384:.3,768:.25,1280:.2,CTX:.25 for CTX=2048)")
@@ -80,6 +81,9 @@ def parse_args(argv=None):
     ap.add_argument("--austen-filler-frac", type=float, default=0.3,
                     help="share of task samples whose filler is corpus sentences (the rest: built-in filler)")
     ap.add_argument("--answer-weight", type=float, default=5.0, help="loss weight of answer tokens")
+    ap.add_argument("--copy-frac", type=float, default=0.0,
+                    help="share of rows that are random-segment copy rows (induction warm-up), while progress < --copy-until")
+    ap.add_argument("--copy-until", type=float, default=0.3, help="progress at which copy rows stop")
     ap.add_argument("--extra-questions", type=int, default=3,
                     help="more questions (same format, about the same prompt) appended to each training sample")
     # evaluation / io
@@ -205,6 +209,7 @@ class Run:
             np.save(ids_path, ids)
         nv = len(ids) // 20
         self.train_ids, self.val_ids = ids[:-nv], ids[-nv:]
+        self.copy_pools = copy_pools(self.bpe, self.train_ids)
         self.log(f"corpus: {len(self.text)} chars -> {len(ids)} tokens ({len(self.text) / len(ids):.2f} chars/token); "
                  f"{nv} held out for validation")
         # a GGUF carrying the tokenizer, for gen-tasks (weights irrelevant)
@@ -270,8 +275,13 @@ class Run:
         seq = np.full((B, C + 1), bpe.eos, dtype=np.int64)
         w = np.zeros((B, C), dtype=np.float32)
         kinds, spans = [], []
+        copy_frac = a.copy_frac if self.progress() < a.copy_until else 0.0
         for b in range(B):
-            if rng.random() < a.task_frac:
+            if copy_frac > 0 and rng.random() < copy_frac:
+                seq[b], w[b] = copy_row(rng, C, bpe.bos, self.copy_pools)
+                kinds.append("copy")
+                spans.append(None)
+            elif rng.random() < a.task_frac:
                 task = TASKS[rng.choice(len(TASKS), p=self.task_w)]
                 filler = rng.random() < a.austen_filler_frac
                 s = self.tasks.next_sample(self.cursors, task, C, filler)
@@ -309,7 +319,7 @@ class Run:
             for r, s in enumerate(chunk):
                 x[r, :s.ans_start + s.ans_len] = torch.from_numpy(s.ids[:s.ans_start + s.ans_len].astype(np.int64))
             x = x.to(self.dev)
-            with torch.autocast(self.amp, dtype=torch.bfloat16):
+            with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
                 lg = self.model(x)
             pred = lg.argmax(-1)
             for r, s in enumerate(chunk):
@@ -324,7 +334,7 @@ class Run:
         starts = np.linspace(0, len(self.val_ids) - C - 1, n).astype(int)
         x = torch.tensor(np.stack([np.concatenate([[self.bpe.bos], self.val_ids[s:s + C]]) for s in starts]),
                          dtype=torch.long).to(self.dev)
-        with torch.autocast(self.amp, dtype=torch.bfloat16):
+        with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
             lg = self.model(x[:, :-1])
         self.model.train()
         return F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1)).item()
@@ -355,12 +365,13 @@ class Run:
                "loss": round(acc["loss"] / acc["n"], 4),
                "text_loss": round(acc["text"][0] / acc["text"][1], 4) if acc["text"][1] else "",
                "answer_loss": round(acc["ans"][0] / acc["ans"][1], 4) if acc["ans"][1] else "",
+               "copy_loss": round(acc["copy"][0] / acc["copy"][1], 4) if acc["copy"][1] else "",
                "tok_per_s": round(acc["tok"] / acc["time"]), "data_s": round(acc["data"], 1)}
         for t in TASKS:
             row["tf_" + t] = round(tf[t][0] / tf[t][1], 3) if tf[t][1] else ""
         csv_append(os.path.join(a.out, "train_log.csv"), TRAIN_COLS, row)
         self.log(f"step {self.step} ({p * 100:.1f}%) ctx {C} lr {lr:.2e} loss {row['loss']} text "
-                 f"{row['text_loss']} answer {row['answer_loss']} exact(train) n/v/p {row['tf_needle']}/"
+                 f"{row['text_loss']} answer {row['answer_loss']} copy {row['copy_loss']} exact(train) n/v/p {row['tf_needle']}/"
                  f"{row['tf_vartrack']}/{row['tf_pointer']} {row['tok_per_s']} tok/s (data {row['data_s']} s)")
 
     # ---- training ------------------------------------------------------------------------------------------
@@ -371,7 +382,7 @@ class Run:
         V = self.cfg.n_vocab
         t_last = time.time()
         last_eval = last_ckpt = last_log = self.elapsed
-        acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+        acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
         tf = {t: [0, 0] for t in TASKS}
         cur_stage = None
         while True:
@@ -393,7 +404,7 @@ class Run:
             t0 = time.time()
             acc["data"] += t0 - t_data
             x, y = seq[:, :-1], seq[:, 1:]
-            with torch.autocast(self.amp, dtype=torch.bfloat16):
+            with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
                 logits = model(x)
             ce = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1), reduction="none").view(y.shape)
             loss = (ce * w).sum() / w.sum()
@@ -411,6 +422,9 @@ class Run:
                     if k == "text":
                         acc["text"][0] += ce[b].sum().item()
                         acc["text"][1] += C
+                    elif k == "copy":
+                        acc["copy"][0] += (ce[b] * w[b]).sum().item()
+                        acc["copy"][1] += w[b].sum().item()
                     else:
                         lo, hi = spans[b]
                         acc["ans"][0] += ce[b, lo:hi].sum().item()
@@ -426,7 +440,7 @@ class Run:
             t_last = now
             if self.elapsed - last_log >= a.log_every or self.step == 1:
                 self._log_row(p, C, lr, acc, tf, len(kinds))
-                acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+                acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
                 tf = {t: [0, 0] for t in TASKS}
                 last_log = self.elapsed
             if self.elapsed - last_eval >= a.eval_every * 60:
@@ -496,8 +510,9 @@ class Run:
             return
         fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
         mt = lambda r, k: [float(x[k]) / 1e6 for x in r if x[k] != ""]
-        for k, lab in (("loss", "weighted loss"), ("text_loss", "Austen text"), ("answer_loss", "answer tokens")):
-            rows = [x for x in tr if x[k] != ""]
+        for k, lab in (("loss", "weighted loss"), ("text_loss", "Austen text"), ("answer_loss", "answer tokens"),
+                       ("copy_loss", "copy rows (repeats)")):
+            rows = [x for x in tr if x.get(k, "") != ""]
             ax[0].plot([float(x["tokens"]) / 1e6 for x in rows], [float(x[k]) for x in rows], label=lab)
         ax[0].set_xlabel("training tokens (M)")
         ax[0].set_ylabel("cross-entropy (nats/token)")

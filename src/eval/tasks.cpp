@@ -136,9 +136,14 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
         }
       }
       sk.key_item = 0;
+      // The answer traces the chain back to its number, one assignment per step ("VAR E = VAR D = ... = 12345"),
+      // so each generated step must find its line far back in the prompt (as in pointer). Asking for the bare
+      // number instead needs all four hops resolved inside one forward pass, which a small testbed model does
+      // not learn (it settles at guessing one of the two chains' numbers: 50%; docs/testbed.md).
       const std::string& last = names[kHops];
-      sk.question = "Question: What is the value of VAR " + last + "?\nAnswer: The value of VAR " + last + " is";
-      sk.answer = " " + std::to_string(vals[0]);
+      sk.question = "Question: What is the value of VAR " + last + "?\nAnswer: VAR " + last + " =";
+      for (int h = kHops - 1; h >= 0; --h) sk.answer += " VAR " + names[static_cast<size_t>(h)] + " =";
+      sk.answer += " " + std::to_string(vals[0]);
       break;
     }
     case TaskKind::Pointer: {

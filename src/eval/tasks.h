@@ -10,7 +10,7 @@
 //             noun; 7-digit values); the queried needle's relative depth is swept by the caller.
 //   vartrack  variable tracking: 2 chains "VAR AAAAA = 12345." -> "VAR BBBBB = VAR AAAAA." ... (4 hops,
 //             lines in chain order at random depths, interleaved); asks the value of the last variable of
-//             one chain (the answer is the chain's 5-digit number).
+//             one chain; the answer traces the chain to its 5-digit number: " VAR D = VAR C = ... = 12345".
 //   pointer   pointer chasing / recursive state query: link lines "ABCD -> EFGH" (4 uppercase letters)
 //             scattered in random order, the queried chain of 4 hops plus 12 distractor links in other
 //             chains; the answer is the whole path "EFGH -> IJKL -> MNOP -> QRST", so every generated

@@ -58,13 +58,16 @@ def extra_questions(task, prompt, seed, k):
         main = re.search(r"What is the value of VAR ([A-Z]+)\?", prompt).group(1)
         rhs = dict(_VAR.findall(prompt))
 
-        def value(v, depth=0):
-            r = rhs[v]
-            return r if r[0].isdigit() or depth > 20 else value(r[4:], depth + 1)
+        def trace(v):  # the answer format of kvpack's vartrack: " VAR D = VAR C = ... = 12345"
+            out, r = "", rhs[v]
+            while not r[0].isdigit() and len(out) < 400:
+                out += f" {r} ="
+                r = rhs[r[4:]]
+            return out + " " + r
         names = [v for v in rhs if v != main]
         for i in rng.permutation(len(names))[:k]:
             v = names[i]
-            out.append((f"\nQuestion: What is the value of VAR {v}?\nAnswer: The value of VAR {v} is", " " + value(v)))
+            out.append((f"\nQuestion: What is the value of VAR {v}?\nAnswer: VAR {v} =", trace(v)))
     elif task == "pointer":
         main = re.search(r"Question: Start at ([A-Z]+) and follow", prompt).group(1)
         nxt = dict(_LINK.findall(prompt))
@@ -204,3 +207,43 @@ def min_ctx(kvpack, tok_gguf, task, tmpdir):
     import re
     m = re.search(r"needs at least (\d+)", r.stderr)
     return int(m.group(1)) if m else None
+
+
+def copy_pools(bpe, corpus_ids, n_frequent=1000):
+    """Token pools for copy rows: the task names' two-letter uppercase tokens plus digits, and the corpus's most
+    frequent tokens. Rare tokens would not do: tokens seen only in copy rows keep near-identical embeddings
+    (every softmax pushes them the same way), so the model cannot tell them apart and never learns to copy them
+    (measured: copy loss stayed at ln(vocab) for 2.5 M tokens with uniformly drawn ids)."""
+    upper = [i for i, t in enumerate(bpe.tokens) if len(t) == 2 and t.isascii() and t.isupper() and t.isalpha()]
+    digits = [i for i, t in enumerate(bpe.tokens) if len(t) == 1 and t.isascii() and t.isdigit()]
+    counts = np.bincount(corpus_ids, minlength=bpe.n_vocab)
+    frequent = np.argsort(-counts)[:n_frequent]
+    return [np.array(upper + digits, dtype=np.int64), frequent.astype(np.int64)]
+
+
+def copy_row(rng, C, bos, pools):
+    """A row that only induction can predict (the fastest known way to grow induction heads, the mechanism
+    every task needs): BOS, then groups of k random segments followed by the same segments in another order.
+    Each row draws its alphabet (8..256 tokens of one of copy_pools()), so with small alphabets a single token does not
+    identify its successor and the match must use the preceding tokens too, as the tasks' multi-token names
+    and keys require. Returns (ids[C + 1], weights[C]): weight 1 on the repeated tokens after the first of
+    each segment, 0 elsewhere (the first occurrences are noise)."""
+    ids = np.empty(C + 1, dtype=np.int64)
+    w = np.zeros(C, dtype=np.float32)
+    ids[0] = bos
+    pool = pools[int(rng.integers(len(pools)))]
+    alphabet = rng.choice(pool, size=min(len(pool), int(rng.choice([8, 16, 32, 64, 256]))), replace=False)
+    pos = 1
+    while pos <= C:
+        k, m = int(rng.integers(2, 7)), int(rng.integers(4, 25))
+        segs = [rng.choice(alphabet, size=m) for _ in range(k)]
+        for half, group in enumerate((segs, [segs[i] for i in rng.permutation(k)])):
+            for s in group:
+                n = min(m, C + 1 - pos)
+                if n <= 0:
+                    break
+                ids[pos:pos + n] = s[:n]
+                if half == 1 and n > 1:
+                    w[pos:pos + n - 1] = 1.0  # ids[p] is the target at position p - 1; skip the segment's first
+                pos += n
+    return ids, w
