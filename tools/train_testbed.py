@@ -64,6 +64,10 @@ def parse_args(argv=None):
     ap.add_argument("--ff", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=4096, help="BPE vocab: 256 bytes + merges (+676 A-Z pairs) + 1 special")
     ap.add_argument("--no-upper-pairs", action="store_true", help="no two-letter uppercase tokens")
+    ap.add_argument("--pre", default="qwen2", choices=["qwen2", "llama-bpe"],
+                    help="pre-tokenizer: qwen2 (one token per digit) or llama-bpe (up to 3 digits per pre-token)")
+    ap.add_argument("--digit-tokens", action="store_true",
+                    help="with --pre llama-bpe: every 2- and 3-digit string is a token, no learned merge has a digit")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--wtype", default="f16", choices=["f16", "bf16", "f32"], help="GGUF weight type")
     # optimisation
@@ -180,7 +184,8 @@ class Run:
             with open(tmp) as f:
                 texts += [json.loads(l)["prompt"] + json.loads(l)["answer"] + "\n" for l in f]
             os.remove(tmp)
-        self.bpe = train_bpe(texts, a.vocab, upper_pairs=not a.no_upper_pairs, log=self.log)
+        self.bpe = train_bpe(texts, a.vocab, upper_pairs=not a.no_upper_pairs, log=self.log,
+                             pre=getattr(a, "pre", "qwen2"), digit_tokens=getattr(a, "digit_tokens", False))
         with open(path, "w") as f:
             json.dump(self.bpe.to_dict(), f)
         self.log(f"tokenizer: {self.bpe.n_vocab} tokens trained in {time.time() - t0:.1f} s")

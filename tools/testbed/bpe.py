@@ -2,7 +2,9 @@
 
 - Pre-tokenizer: the `qwen2` pattern of llama.cpp / kvpack (src/tokenizer/pretokenize.cpp):
     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+
-  Every digit is its own pre-token, so numbers are always one token per digit.
+  Every digit is its own pre-token, so numbers are always one token per digit. With `pre="llama-bpe"` the
+  pattern is llama 3's (the same but \\p{N}{1,3}: up to three digits per pre-token) and, as llama.cpp / kvpack
+  do for that pre-tokenizer, a pre-token that is itself a vocabulary token is emitted whole (ignore_merges).
 - Symbols are GPT-2's byte-to-unicode characters; a merge is "left right" in those characters; the vocab is
   the 256 byte tokens (GPT-2 order), then one token per merge (in merge order), then the special tokens.
 - Encoding a pre-token merges the adjacent pair of lowest merge rank first (leftmost on ties), which is what
@@ -43,12 +45,16 @@ def byte_tokens():
 
 # ASCII-exact version of the qwen2 pattern (letters [A-Za-z] + non-ASCII letters, single digits).
 _L = r"A-Za-z\u00C0-\u024F"  # letters we may meet; non-ASCII text is checked by _pretok_generic
-_PAT_ASCII = re.compile(
-    r"'(?i:[stmd]|re|ve|ll)"
-    r"|[^\r\n" + _L + r"0-9][" + _L + r"]+|[" + _L + r"]+"
-    r"|[0-9]"
-    r"| ?[^\s" + _L + r"0-9]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+def _pat_ascii(max_digits):
+    return re.compile(
+        r"'(?i:[stmd]|re|ve|ll)"
+        r"|[^\r\n" + _L + r"0-9][" + _L + r"]+|[" + _L + r"]+"
+        r"|[0-9]{1," + str(max_digits) + r"}"
+        r"| ?[^\s" + _L + r"0-9]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+_PAT_ASCII = {1: _pat_ascii(1), 3: _pat_ascii(3)}
 
 
 def _flags(ch):
@@ -63,8 +69,8 @@ def _flags(ch):
     return 0
 
 
-def _pretok_generic(s):
-    """Port of kvpack's split_llama3(max_digits=1) for arbitrary Unicode text (slow, exact)."""
+def _pretok_generic(s, max_digits=1):
+    """Port of kvpack's split_llama3(max_digits) for arbitrary Unicode text (slow, exact)."""
     L, N, W = 1, 2, 4
     fl = [_flags(c) for c in s]
     n, pos, out = len(s), 0, []
@@ -91,6 +97,8 @@ def _pretok_generic(s):
                 end += 1
         elif fl[pos] & N:
             end = pos + 1
+            while end < n and end - pos < max_digits and fl[end] & N:
+                end += 1
         else:
             q0 = pos + 1 if c == " " else pos
             if q0 < n and not fl[q0] & (W | L | N):
@@ -118,21 +126,27 @@ def _pretok_generic(s):
     return out
 
 
-def pretokenize(text):
-    """Pre-tokens (str) of `text` with the qwen2 rules."""
+def pretokenize(text, max_digits=1):
+    """Pre-tokens (str) of `text` with the qwen2 rules (max_digits 1) or llama 3's (max_digits 3)."""
     if text.isascii():
-        return _PAT_ASCII.findall(text)
-    return _pretok_generic(text)
+        return _PAT_ASCII[max_digits].findall(text)
+    return _pretok_generic(text, max_digits)
 
 
-def _allowed(tok):
+def _allowed(tok, no_digits=False):
+    if no_digits and any("0" <= ch <= "9" for ch in tok):
+        return False  # digit tokens are the appended 2- and 3-digit strings only
     has_upper = any("A" <= ch <= "Z" for ch in tok)
     has_lower = any("a" <= ch <= "z" for ch in tok)
     return not (has_upper and not has_lower)
 
 
 class BPE:
-    def __init__(self, merges, specials=("<|endoftext|>",)):
+    PRE = {"qwen2": (1, False), "llama-bpe": (3, True)}  # name -> (digits per pre-token, ignore_merges)
+
+    def __init__(self, merges, specials=("<|endoftext|>",), pre="qwen2"):
+        self.pre = pre
+        self.max_digits, self.ignore_merges = self.PRE[pre]
         self.b2u = byte_to_unicode()
         self.merges = list(merges)  # [(left, right)] in rank order
         self.rank = {m: i for i, m in enumerate(self.merges)}
@@ -179,10 +193,12 @@ class BPE:
     def encode(self, text, bos=False):
         out = [self.bos] if bos else []
         cache, b2u = self._cache, self.b2u
-        for p in pretokenize(text):
+        for p in pretokenize(text, self.max_digits):
             ids = cache.get(p)
             if ids is None:
-                ids = self._bpe_word("".join(b2u[b] for b in p.encode("utf-8")))
+                word = "".join(b2u[b] for b in p.encode("utf-8"))
+                whole = self.tok2id.get(word) if self.ignore_merges else None
+                ids = [whole] if whole is not None and whole < self.n_normal else self._bpe_word(word)
                 if len(cache) < 500000:
                     cache[p] = ids
             out.extend(ids)
@@ -192,21 +208,27 @@ class BPE:
         return b"".join(self.tok_bytes[i] for i in ids if 0 <= i < len(self.tok_bytes)).decode("utf-8", "replace")
 
     def to_dict(self):
-        return {"merges": [list(m) for m in self.merges], "specials": self.specials}
+        return {"merges": [list(m) for m in self.merges], "specials": self.specials, "pre": self.pre}
 
     @classmethod
     def from_dict(cls, d):
-        return cls([tuple(m) for m in d["merges"]], tuple(d["specials"]))
+        return cls([tuple(m) for m in d["merges"]], tuple(d["specials"]), d.get("pre", "qwen2"))
 
 
-def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log=print):
+def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log=print, pre="qwen2",
+              digit_tokens=False):
     """Learns merges until the vocab (bytes + merges + specials) has n_vocab tokens.
-    texts: strings, or (string, weight) pairs (the pre-token counts of a text are multiplied by its weight)."""
+    texts: strings, or (string, weight) pairs (the pre-token counts of a text are multiplied by its weight).
+    digit_tokens (with pre="llama-bpe"): no learned merge contains a digit; every 2- and 3-digit string is appended
+    as a token instead (ranked last), so any number is ceil(len / 3) tokens that identify it almost uniquely."""
+    if digit_tokens and BPE.PRE[pre][0] < 3:
+        raise ValueError("digit_tokens needs a pre-tokenizer that groups digits (llama-bpe)")
+    max_digits = BPE.PRE[pre][0]
     b2u = byte_to_unicode()
     counts = Counter()
     for t in texts:
         t, wt = t if isinstance(t, tuple) else (t, 1)
-        c = Counter(pretokenize(t))
+        c = Counter(pretokenize(t, max_digits))
         if wt != 1:
             c = Counter({k: v * wt for k, v in c.items()})
         counts.update(c)
@@ -216,7 +238,7 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
         freqs.append(c)
     # (split per byte: each byte is one mapped character)
     words = [[ch for sym in w for ch in sym] for w in words]
-    n_extra = 26 * 26 if upper_pairs else 0
+    n_extra = (26 * 26 if upper_pairs else 0) + (1100 if digit_tokens else 0)
     n_learn = n_vocab - 256 - len(specials) - n_extra
     if n_learn < 0:
         raise ValueError("n_vocab too small")
@@ -228,7 +250,7 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
             p = (w[i], w[i + 1])
             pair_count[p] += f
             where.setdefault(p, set()).add(wi)
-    heap = [(-c, p) for p, c in pair_count.items() if _allowed(p[0] + p[1])]
+    heap = [(-c, p) for p, c in pair_count.items() if _allowed(p[0] + p[1], digit_tokens)]
     heapq.heapify(heap)
     merges, have = [], set(byte_tokens())
     n_tokens_added = 0
@@ -272,12 +294,16 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
             c = pair_count.get(q, 0)
             if c <= 0:
                 pair_count.pop(q, None)
-            elif q != p and _allowed(q[0] + q[1]):
+            elif q != p and _allowed(q[0] + q[1], digit_tokens):
                 heapq.heappush(heap, (-c, q))
     if upper_pairs:
         for a in range(26):
             for b in range(26):
                 merges.append((chr(65 + a), chr(65 + b)))
-    bpe = BPE(merges, specials)
+    if digit_tokens:
+        digits = "0123456789"
+        merges += [(a, b) for a in digits for b in digits]
+        merges += [(a + b, c) for a in digits for b in digits for c in digits]
+    bpe = BPE(merges, specials, pre)
     log(f"bpe: {len(merges)} merges, vocab {bpe.n_vocab}")
     return bpe

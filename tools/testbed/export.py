@@ -40,7 +40,7 @@ def write_gguf(path, model, bpe, wtype="f16", name="kvpack testbed", extra=None)
     w.add_u32(a + ".rope.dimension_count", c.head_dim)
     w.add_u32(a + ".vocab_size", c.n_vocab)
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_string("tokenizer.ggml.pre", bpe.pre)
     w.add_array("tokenizer.ggml.tokens", gw.STRING, bpe.tokens)
     types = [1] * bpe.n_normal + [3] * (bpe.n_vocab - bpe.n_normal)  # normal, control
     w.add_array("tokenizer.ggml.token_type", gw.I32, types)
