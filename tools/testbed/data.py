@@ -222,8 +222,9 @@ def copy_pools(bpe, corpus_ids, n_frequent=1000):
 
 
 def copy_row(rng, C, bos, pools):
-    """A row that only induction can predict (the fastest known way to grow induction heads, the mechanism
-    every task needs): BOS, then groups of k random segments followed by the same segments in another order.
+    """A row that only induction can predict, meant as a warm-up for the mechanism every task needs (it did not
+    help in the runs of docs/testbed.md §4c: off by default): BOS, then groups of k random segments followed by
+    the same segments in another order.
     Each row draws its alphabet (8..256 tokens of one of copy_pools()), so with small alphabets a single token does not
     identify its successor and the match must use the preceding tokens too, as the tasks' multi-token names
     and keys require. Returns (ids[C + 1], weights[C]): weight 1 on the repeated tokens after the first of
