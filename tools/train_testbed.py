@@ -149,6 +149,11 @@ def csv_truncate(path, max_step):
         csv.writer(f).writerows(keep)
 
 
+def fresh_acc():
+    """Train-log accumulators, reset after every logged row."""
+    return {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+
+
 class Run:
     def __init__(self, a):
         self.a = a
@@ -230,6 +235,10 @@ class Run:
         for c in sorted({c for c, _ in self.stages} | {a.ctx}):
             for t in TASKS:
                 self.eval_sets[(t, c)] = self.tasks.heldout(t, c, a.eval_n, a.eval_seed)
+
+    def autocast(self):
+        """bf16 autocast unless --fp32 (checkpoints of runs before that flag have no 'fp32')."""
+        return torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False))
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def ckpt_path(self):
@@ -324,7 +333,7 @@ class Run:
             for r, s in enumerate(chunk):
                 x[r, :s.ans_start + s.ans_len] = torch.from_numpy(s.ids[:s.ans_start + s.ans_len].astype(np.int64))
             x = x.to(self.dev)
-            with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
+            with self.autocast():
                 lg = self.model(x)
             pred = lg.argmax(-1)
             for r, s in enumerate(chunk):
@@ -339,7 +348,7 @@ class Run:
         starts = np.linspace(0, len(self.val_ids) - C - 1, n).astype(int)
         x = torch.tensor(np.stack([np.concatenate([[self.bpe.bos], self.val_ids[s:s + C]]) for s in starts]),
                          dtype=torch.long).to(self.dev)
-        with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
+        with self.autocast():
             lg = self.model(x[:, :-1])
         self.model.train()
         return F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1)).item()
@@ -387,7 +396,7 @@ class Run:
         V = self.cfg.n_vocab
         t_last = time.time()
         last_eval = last_ckpt = last_log = self.elapsed
-        acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+        acc = fresh_acc()
         tf = {t: [0, 0] for t in TASKS}
         cur_stage = None
         while True:
@@ -409,7 +418,7 @@ class Run:
             t0 = time.time()
             acc["data"] += t0 - t_data
             x, y = seq[:, :-1], seq[:, 1:]
-            with torch.autocast(self.amp, dtype=torch.bfloat16, enabled=not getattr(self.a, "fp32", False)):
+            with self.autocast():
                 logits = model(x)
             ce = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1), reduction="none").view(y.shape)
             loss = (ce * w).sum() / w.sum()
@@ -445,7 +454,7 @@ class Run:
             t_last = now
             if self.elapsed - last_log >= a.log_every or self.step == 1:
                 self._log_row(p, C, lr, acc, tf, len(kinds))
-                acc = {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+                acc = fresh_acc()
                 tf = {t: [0, 0] for t in TASKS}
                 last_log = self.elapsed
             if self.elapsed - last_eval >= a.eval_every * 60:
