@@ -219,8 +219,12 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
               digit_tokens=False):
     """Learns merges until the vocab (bytes + merges + specials) has n_vocab tokens.
     texts: strings, or (string, weight) pairs (the pre-token counts of a text are multiplied by its weight).
-    digit_tokens (with pre="llama-bpe"): no learned merge contains a digit; every 2- and 3-digit string is appended
-    as a token instead (ranked last), so any number is ceil(len / 3) tokens that identify it almost uniquely."""
+    digit_tokens (with pre="llama-bpe"): no learned merge contains a digit; every digit string of 2 .. digit_tokens
+    (2 or 3; True = 3) digits is appended as a token instead (ranked last). 3: any number is ceil(len / 3) tokens
+    from 1110 near-unique ones; 2: ~len / 2 tokens from only 110, which the model copies more precisely."""
+    digit_tokens = 3 if digit_tokens is True else int(digit_tokens or 0)
+    if digit_tokens not in (0, 2, 3):
+        raise ValueError("digit_tokens is 0, 2 or 3")
     if digit_tokens and BPE.PRE[pre][0] < 3:
         raise ValueError("digit_tokens needs a pre-tokenizer that groups digits (llama-bpe)")
     max_digits = BPE.PRE[pre][0]
@@ -238,7 +242,7 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
         freqs.append(c)
     # (split per byte: each byte is one mapped character)
     words = [[ch for sym in w for ch in sym] for w in words]
-    n_extra = (26 * 26 if upper_pairs else 0) + (1100 if digit_tokens else 0)
+    n_extra = (26 * 26 if upper_pairs else 0) + {0: 0, 2: 100, 3: 1100}[digit_tokens]
     n_learn = n_vocab - 256 - len(specials) - n_extra
     if n_learn < 0:
         raise ValueError("n_vocab too small")
@@ -303,7 +307,8 @@ def train_bpe(texts, n_vocab, upper_pairs=True, specials=("<|endoftext|>",), log
     if digit_tokens:
         digits = "0123456789"
         merges += [(a, b) for a in digits for b in digits]
-        merges += [(a + b, c) for a in digits for b in digits for c in digits]
+        if digit_tokens == 3:
+            merges += [(a + b, c) for a in digits for b in digits for c in digits]
     bpe = BPE(merges, specials, pre)
     log(f"bpe: {len(merges)} merges, vocab {bpe.n_vocab}")
     return bpe
