@@ -210,13 +210,18 @@ class Run:
         # only when they were made by this very tokenizer (a copied or stale file would silently mix vocabularies)
         self.bpe_fp = hashlib.sha256(json.dumps(bpe.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
-    def cached(self, path):
-        """True if `path` exists and was written for the current tokenizer (its `.tok` sidecar says so)."""
+    @staticmethod
+    def made_by(path):
+        """The tokenizer fingerprint in `path`'s `.tok` sidecar, or None."""
         try:
             with open(path + ".tok") as f:
-                return os.path.exists(path) and f.read().strip() == self.bpe_fp
+                return f.read().strip()
         except FileNotFoundError:
-            return False
+            return None
+
+    def cached(self, path):
+        """True if `path` exists and was written for the current tokenizer."""
+        return os.path.exists(path) and self.made_by(path) == self.bpe_fp
 
     def mark_cached(self, path):
         with open(path + ".tok", "w") as f:
@@ -261,10 +266,8 @@ class Run:
         data_dir = os.path.join(a.out, "data")
         os.makedirs(data_dir, exist_ok=True)
         fp_path = os.path.join(data_dir, "tokenizer")  # task samples are sized in tokens: one tokenizer per dir
-        if os.path.exists(fp_path + ".tok"):
-            with open(fp_path + ".tok") as f:
-                if f.read().strip() != self.bpe_fp:
-                    raise SystemExit(f"{data_dir} holds task samples sized with another tokenizer: use a fresh --out")
+        if self.made_by(fp_path) not in (None, self.bpe_fp):
+            raise SystemExit(f"{data_dir} holds task samples sized with another tokenizer: use a fresh --out")
         self.mark_cached(fp_path)
         self.tasks = TaskData(self.kvpack, self.tok_gguf, self.bpe, data_dir, a.seed,
                               os.path.abspath(a.corpus), self.log, n_extra=a.extra_questions)
