@@ -35,7 +35,7 @@ from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
 from testbed.data import CHUNK, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
-from testbed.model import Config, Model  # noqa: E402
+from testbed.model import Config, Model, digit_parts_for  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
@@ -70,6 +70,9 @@ def parse_args(argv=None):
     ap.add_argument("--digit-tokens", type=int, nargs="?", const=3, default=0, choices=(0, 2, 3),
                     help="with --pre llama-bpe: every 2- and (with 3, the default) 3-digit string is a token, "
                          "no learned merge has a digit")
+    ap.add_argument("--digit-embd", action="store_true",
+                    help="number tokens' embeddings = a free row + shared per-(length, position, digit) vectors "
+                         "(training only: the GGUF holds the folded table)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--wtype", default="f16", choices=["f16", "bf16", "f32"], help="GGUF weight type")
     # optimisation
@@ -234,9 +237,11 @@ class Run:
         if a.arch == "llama" and a.heads * a.head_dim != a.embd:
             raise SystemExit("llama needs heads * head_dim == embd")
         torch.manual_seed(a.seed)
-        self.model = Model(self.cfg).to(self.dev)
-        decay = [p for n, p in self.model.named_parameters() if p.dim() == 2]
-        other = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        parts = digit_parts_for(self.bpe.tokens) if getattr(a, "digit_embd", False) else None
+        self.model = Model(self.cfg, digit_parts=parts).to(self.dev)
+        # no weight decay on the shared digit vectors (embedding-like, like the norms' gains)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() == 2 and n != "digit_embd"]
+        other = [p for n, p in self.model.named_parameters() if p.dim() < 2 or n == "digit_embd"]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": other, "weight_decay": 0.0}],
                                      lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
         self.step, self.elapsed, self.tokens, self.cursors = 0, 0.0, 0, {}

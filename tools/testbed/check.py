@@ -22,6 +22,7 @@ from .export import round_weights
 
 def reference_model(model, wtype):
     ref = copy.deepcopy(model).cpu().float().eval()
+    ref.fold_digits()  # the GGUF holds the folded table, rounded as one tensor
     with torch.no_grad():
         for n, p in ref.named_parameters():
             if p.dim() == 2:

@@ -7,6 +7,11 @@
   (i, i + head_dim/2) for qwen2/qwen3 (NeoX) and (2i, 2i+1) for llama (interleaved).
 - FFN: SwiGLU, down(silu(gate(x)) * up(x)).
 - Output: tied to the token embedding.
+- Optional factorised number embeddings (`digit_parts`, training only): the row of a token made of 1-3 digits is
+  a free row plus one learned vector per (token length, digit position, digit). The 1000 three-digit tokens are
+  rare (each ~100 answer occurrences in a CPU run) and a tiny model does not learn to copy them one by one; with
+  the shared digit vectors, copying a number token is copying its digits, which it learns on frequent data.
+  Export folds the sum into the plain embedding table, so the GGUF and kvpack know nothing of it.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -118,11 +123,30 @@ class Block(nn.Module):
         return x
 
 
+DIGIT_SLOTS = {(1, 0): 0, (2, 0): 1, (2, 1): 2, (3, 0): 3, (3, 1): 4, (3, 2): 5}  # (token length, position)
+
+
+def digit_parts_for(tokens):
+    """[V, 3] int64: for a token of 1-3 ASCII digits, the rows (slot * 10 + digit) of its digit vectors; the pad
+    row len(DIGIT_SLOTS) * 10 elsewhere."""
+    pad = len(DIGIT_SLOTS) * 10
+    parts = torch.full((len(tokens), 3), pad, dtype=torch.int64)
+    for i, t in enumerate(tokens):
+        if 1 <= len(t) <= 3 and all("0" <= ch <= "9" for ch in t):
+            for j, ch in enumerate(t):
+                parts[i, j] = DIGIT_SLOTS[(len(t), j)] * 10 + int(ch)
+    return parts
+
+
 class Model(nn.Module):
-    def __init__(self, c: Config):
+    def __init__(self, c: Config, digit_parts=None):
         super().__init__()
         self.c = c
         self.tok_embd = nn.Embedding(c.n_vocab, c.n_embd)
+        self.digit_embd = None
+        if digit_parts is not None:
+            self.register_buffer("digit_parts", digit_parts.clone())
+            self.digit_embd = nn.Parameter(torch.zeros(len(DIGIT_SLOTS) * 10, c.n_embd))
         self.layers = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.out_norm = RMSNorm(c.n_embd, c.rms_eps)
         self._tables = {}
@@ -134,6 +158,25 @@ class Model(nn.Module):
             if p.dim() == 2:
                 s = std / math.sqrt(2 * self.c.n_layer) if n.endswith(("wo.weight", "w_down.weight")) else std
                 nn.init.normal_(p, 0.0, s)
+        if self.digit_embd is not None:  # number rows start as the sum of their (up to 3) digit vectors
+            with torch.no_grad():
+                nn.init.normal_(self.digit_embd, 0.0, std / math.sqrt(3))
+                self.tok_embd.weight[(self.digit_parts < len(DIGIT_SLOTS) * 10).any(1)] = 0.0
+
+    def embedding_weight(self):
+        """The [V, E] table used for input and (tied) output."""
+        if self.digit_embd is None:
+            return self.tok_embd.weight
+        table = torch.cat((self.digit_embd, self.digit_embd.new_zeros(1, self.c.n_embd)))
+        return self.tok_embd.weight + F.embedding(self.digit_parts, table).sum(1)
+
+    def fold_digits(self):
+        """Write the factorised rows into tok_embd and drop the factors (the function is unchanged)."""
+        if self.digit_embd is not None:
+            with torch.no_grad():
+                self.tok_embd.weight.copy_(self.embedding_weight())
+            self.digit_embd = None
+            del self.digit_parts
 
     def n_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -150,18 +193,19 @@ class Model(nn.Module):
         """idx: [B, T] int64 -> logits [B, T, V] (fp32 or bf16 under autocast)."""
         T = idx.shape[1]
         cos, sin, mask = self._rope_mask(T, idx.device)
-        x = self.tok_embd(idx).float()
+        w = self.embedding_weight()
+        x = F.embedding(idx, w).float()
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         x = self.out_norm(x)
-        return F.linear(x, self.tok_embd.weight)
+        return F.linear(x, w)
 
 
 def state_for_export(model):
     """GGUF tensor name -> numpy fp32 array (torch layout)."""
     c = model.c
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    out = {"token_embd.weight": sd["tok_embd.weight"]}
+    out = {"token_embd.weight": model.embedding_weight().detach().float().cpu().numpy()}
     names = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight", "wk.weight": "attn_k.weight",
              "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight", "q_norm.weight": "attn_q_norm.weight",
              "k_norm.weight": "attn_k_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
