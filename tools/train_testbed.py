@@ -12,11 +12,14 @@ GGUF against torch through the kvpack binary -> `kvpack eval tasks` on the held-
 Requires Debian's python3-torch, python3-numpy, python3-matplotlib; the kvpack binary (--kvpack).
 """
 import argparse
+import copy
 import csv
+import dataclasses
 import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +44,24 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
               "tf_needle", "tf_vartrack", "tf_pointer", "tok_per_s", "data_s"]
 EVAL_COLS = ["step", "elapsed_s", "tokens", "ctx", "val_text_loss", "needle", "vartrack", "pointer", "n"]
+
+
+class StopOnSignal:
+    """While active, SIGTERM and SIGINT only record the signal (the training loop saves a checkpoint and returns),
+    so an interrupted run loses nothing and continues with --resume. Main thread only (Python signal rule)."""
+
+    def __enter__(self):
+        self.signal = None
+        self.old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        return False
 
 
 def parse_args(argv=None):
@@ -90,6 +111,8 @@ def parse_args(argv=None):
     ap.add_argument("--austen-filler-frac", type=float, default=0.3,
                     help="share of task samples whose filler is corpus sentences (the rest: built-in filler)")
     ap.add_argument("--answer-weight", type=float, default=5.0, help="loss weight of answer tokens")
+    ap.add_argument("--number-weight", type=float, default=0.0,
+                    help="loss weight of answer tokens that are numbers (1-3 digits); 0: --answer-weight")
     ap.add_argument("--copy-frac", type=float, default=0.0,
                     help="share of rows that are random-segment copy rows (induction warm-up), while progress < --copy-until")
     ap.add_argument("--copy-until", type=float, default=0.3, help="progress at which copy rows stop")
@@ -104,6 +127,9 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=float, default=30.0, help="seconds between train-log rows")
     ap.add_argument("--check-gguf", action="store_true", help="only: export the checkpoint and check the GGUF")
     ap.add_argument("--export-only", action="store_true", help="only: export the checkpoint to OUT/model.gguf")
+    ap.add_argument("--export-ctx", type=int, default=0,
+                    help="with --export-only: write OUT/model-ctxN.gguf whose context_length is N instead of the "
+                         "trained context (to evaluate beyond it; kvpack refuses a context above the model's)")
     ap.add_argument("--skip-check", action="store_true",
                     help="no GGUF check / final kvpack eval (recipe exploration where the kvpack binary cannot run)")
     return ap.parse_args(argv)
@@ -212,6 +238,7 @@ class Run:
         # fingerprint of the merges: the caches derived from the tokenizer (corpus ids, tokenizer.gguf) are reused
         # only when they were made by this very tokenizer (a copied or stale file would silently mix vocabularies)
         self.bpe_fp = hashlib.sha256(json.dumps(bpe.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        self.is_number = np.array([1 <= len(t) <= 3 and all("0" <= ch <= "9" for ch in t) for t in bpe.tokens])
 
     @staticmethod
     def made_by(path):
@@ -352,6 +379,9 @@ class Run:
                 w[b, lo:hi] = a.answer_weight
                 for st, ln in s.extra:  # answers of the extra questions
                     w[b, st - 1:min(st - 1 + ln, n - 1)] = a.answer_weight
+                nw = getattr(a, "number_weight", 0.0)
+                if nw > 0:  # answer targets that are number tokens
+                    w[b, (w[b] == a.answer_weight) & self.is_number[seq[b, 1:]]] = nw
                 kinds.append(task)
                 spans.append((lo, s.ans_start + s.ans_len - 1))
             else:
@@ -444,81 +474,93 @@ class Run:
         acc = fresh_acc()
         tf = {t: [0, 0] for t in TASKS}
         cur_stage = None
-        while True:
-            p = self.progress()
-            if p >= 1.0:
-                break
-            C = self.stage(p)
-            if C != cur_stage:
-                if cur_stage is not None:
-                    self.evaluate(cur_stage)
-                self.log(f"stage: ctx {C}, batch {max(1, a.tokens_per_step // C)} x {C} tokens, from step {self.step}")
-                cur_stage = C
-            lr = self.lr(p)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            t_data = time.time()
-            seq, w, kinds, spans = self.batch(C)  # may run gen-tasks for a new chunk of samples
-            seq, w = seq.to(self.dev), w.to(self.dev)
-            t0 = time.time()
-            acc["data"] += t0 - t_data
-            x, y = seq[:, :-1], seq[:, 1:]
-            with self.autocast():
-                logits = model(x)
-            ce = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1), reduction="none").view(y.shape)
-            loss = (ce * w).sum() / w.sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            dt = time.time() - t0
-            self.step += 1
-            self.tokens += int(x.numel())
-            # statistics
-            with torch.no_grad():
-                pred = logits.argmax(-1)
-                for b, k in enumerate(kinds):
-                    if k == "text":
-                        acc["text"][0] += ce[b].sum().item()
-                        acc["text"][1] += C
-                    elif k == "copy":
-                        acc["copy"][0] += (ce[b] * w[b]).sum().item()
-                        acc["copy"][1] += w[b].sum().item()
-                    else:
-                        lo, hi = spans[b]
-                        acc["ans"][0] += ce[b, lo:hi].sum().item()
-                        acc["ans"][1] += hi - lo
-                        tf[k][0] += int(torch.equal(pred[b, lo:hi], y[b, lo:hi]))
-                        tf[k][1] += 1
-            acc["loss"] += loss.item()
-            acc["n"] += 1
-            acc["tok"] += int(x.numel())
-            acc["time"] += dt
-            now = time.time()
-            self.elapsed += now - t_last
-            t_last = now
-            if self.elapsed - last_log >= a.log_every or self.step == 1:
-                self._log_row(p, C, lr, acc, tf, len(kinds))
-                acc = fresh_acc()
-                tf = {t: [0, 0] for t in TASKS}
-                last_log = self.elapsed
-            if self.elapsed - last_eval >= a.eval_every * 60:
-                self.evaluate(C, final_ctx=False)  # its time is counted in the next step's elapsed time: part of the budget
-                last_eval = self.elapsed
-            if self.elapsed - last_ckpt >= a.ckpt_every * 60:
-                self.save()
-                last_ckpt = self.elapsed
+        with StopOnSignal() as stop:  # SIGTERM / SIGINT: checkpoint at the end of the step, then stop
+            while True:
+                p = self.progress()
+                if p >= 1.0:
+                    break
+                if stop.signal:
+                    self.save()
+                    self.log(f"stopped by signal {stop.signal} at step {self.step} ({self.elapsed / 60:.1f} counted minutes): "
+                             "checkpoint saved; continue with --resume")
+                    return False
+                C = self.stage(p)
+                if C != cur_stage:
+                    if cur_stage is not None:
+                        self.evaluate(cur_stage)
+                    self.log(f"stage: ctx {C}, batch {max(1, a.tokens_per_step // C)} x {C} tokens, from step {self.step}")
+                    cur_stage = C
+                lr = self.lr(p)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                t_data = time.time()
+                seq, w, kinds, spans = self.batch(C)  # may run gen-tasks for a new chunk of samples
+                seq, w = seq.to(self.dev), w.to(self.dev)
+                t0 = time.time()
+                acc["data"] += t0 - t_data
+                x, y = seq[:, :-1], seq[:, 1:]
+                with self.autocast():
+                    logits = model(x)
+                ce = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1), reduction="none").view(y.shape)
+                loss = (ce * w).sum() / w.sum()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                dt = time.time() - t0
+                self.step += 1
+                self.tokens += int(x.numel())
+                # statistics
+                with torch.no_grad():
+                    pred = logits.argmax(-1)
+                    for b, k in enumerate(kinds):
+                        if k == "text":
+                            acc["text"][0] += ce[b].sum().item()
+                            acc["text"][1] += C
+                        elif k == "copy":
+                            acc["copy"][0] += (ce[b] * w[b]).sum().item()
+                            acc["copy"][1] += w[b].sum().item()
+                        else:
+                            lo, hi = spans[b]
+                            acc["ans"][0] += ce[b, lo:hi].sum().item()
+                            acc["ans"][1] += hi - lo
+                            tf[k][0] += int(torch.equal(pred[b, lo:hi], y[b, lo:hi]))
+                            tf[k][1] += 1
+                acc["loss"] += loss.item()
+                acc["n"] += 1
+                acc["tok"] += int(x.numel())
+                acc["time"] += dt
+                now = time.time()
+                self.elapsed += now - t_last
+                t_last = now
+                if self.elapsed - last_log >= a.log_every or self.step == 1:
+                    self._log_row(p, C, lr, acc, tf, len(kinds))
+                    acc = fresh_acc()
+                    tf = {t: [0, 0] for t in TASKS}
+                    last_log = self.elapsed
+                if self.elapsed - last_eval >= a.eval_every * 60:
+                    self.evaluate(C, final_ctx=False)  # its time is counted in the next step's elapsed time: part of the budget
+                    last_eval = self.elapsed
+                if self.elapsed - last_ckpt >= a.ckpt_every * 60:
+                    self.save()
+                    last_ckpt = self.elapsed
         if acc["n"]:
             self._log_row(min(self.progress(), 1.0), cur_stage, lr, acc, tf, len(kinds))
         self.evaluate(self.stage(min(self.progress(), 0.999999)))
         self.save()
         self.log(f"training done: {self.step} steps, {self.tokens} tokens, {self.elapsed / 60:.1f} min")
+        return True
 
     # ---- end of run ----------------------------------------------------------------------------------------
     def export(self):
-        path = os.path.join(self.a.out, "model.gguf")
-        n = write_gguf(path, self.model, self.bpe, self.a.wtype,
-                       name=f"kvpack testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd} ctx{self.cfg.n_ctx}",
+        path, model, name = os.path.join(self.a.out, "model.gguf"), self.model, ""
+        ctx = getattr(self.a, "export_ctx", 0)
+        if ctx and ctx != self.cfg.n_ctx:  # only the metadata differs: positions beyond the trained ctx are untrained
+            path, model = os.path.join(self.a.out, f"model-ctx{ctx}.gguf"), copy.copy(self.model)
+            model.c = dataclasses.replace(self.cfg, n_ctx=ctx)
+            name = f" (context_length {ctx} for evaluation)"
+        n = write_gguf(path, model, self.bpe, self.a.wtype,
+                       name=f"kvpack testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd} ctx{self.cfg.n_ctx}{name}",
                        extra={"step": self.step, "tokens": self.tokens, "seed": self.a.seed})
         self.log(f"export: {path}, {n} bytes ({n / 2 ** 20:.2f} MiB), {self.model.n_params()} parameters")
         return path, n
@@ -620,7 +662,7 @@ def main(argv=None):
             print(f"note: the budget changed from {saved['minutes']} min / {saved['steps']} steps: the schedule "
                   "(stage, learning rate) is a function of progress = elapsed / budget and is re-stretched")
         keep = {k: getattr(a, k) for k in ("minutes", "steps", "resume", "check_gguf", "export_only", "threads", "device",
-                                           "kvpack", "final_eval_n", "eval_every", "ckpt_every", "log_every")}
+                                           "kvpack", "final_eval_n", "export_ctx", "eval_every", "ckpt_every", "log_every")}
         a = argparse.Namespace(**{**saved, **keep})
     elif a.resume:
         a.resume = False  # nothing to resume: a fresh run
@@ -636,7 +678,8 @@ def main(argv=None):
     run.setup_data()
     run.log(f"setup: {time.time() - t_start:.1f} s; stages {run.stages}")
     if not (a.check_gguf or a.export_only):
-        run.train()
+        if not run.train():
+            return
     gguf, size = run.export()
     if a.export_only:
         return
