@@ -38,7 +38,7 @@ from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
 from testbed.data import CHUNK, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
-from testbed.model import Config, Model, digit_parts_for  # noqa: E402
+from testbed.model import Config, Model, digit_parts_for, is_number_token  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
@@ -238,7 +238,7 @@ class Run:
         # fingerprint of the merges: the caches derived from the tokenizer (corpus ids, tokenizer.gguf) are reused
         # only when they were made by this very tokenizer (a copied or stale file would silently mix vocabularies)
         self.bpe_fp = hashlib.sha256(json.dumps(bpe.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-        self.is_number = np.array([1 <= len(t) <= 3 and all("0" <= ch <= "9" for ch in t) for t in bpe.tokens])
+        self.is_number = np.array([is_number_token(t) for t in bpe.tokens])
 
     @staticmethod
     def made_by(path):

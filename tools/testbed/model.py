@@ -126,13 +126,18 @@ class Block(nn.Module):
 DIGIT_SLOTS = {(1, 0): 0, (2, 0): 1, (2, 1): 2, (3, 0): 3, (3, 1): 4, (3, 2): 5}  # (token length, position)
 
 
+def is_number_token(t):
+    """A token of 1-3 ASCII digits (the byte-level form of a digit is the digit itself)."""
+    return 1 <= len(t) <= 3 and all("0" <= ch <= "9" for ch in t)
+
+
 def digit_parts_for(tokens):
     """[V, 3] int64: for a token of 1-3 ASCII digits, the rows (slot * 10 + digit) of its digit vectors; the pad
     row len(DIGIT_SLOTS) * 10 elsewhere."""
     pad = len(DIGIT_SLOTS) * 10
     parts = torch.full((len(tokens), 3), pad, dtype=torch.int64)
     for i, t in enumerate(tokens):
-        if 1 <= len(t) <= 3 and all("0" <= ch <= "9" for ch in t):
+        if is_number_token(t):
             for j, ch in enumerate(t):
                 parts[i, j] = DIGIT_SLOTS[(len(t), j)] * 10 + int(ch)
     return parts
