@@ -12,9 +12,7 @@ GGUF against torch through the kvpack binary -> `kvpack eval tasks` on the held-
 Requires Debian's python3-torch, python3-numpy, python3-matplotlib; the kvpack binary (--kvpack).
 """
 import argparse
-import copy
 import csv
-import dataclasses
 import hashlib
 import json
 import math
@@ -267,8 +265,9 @@ class Run:
         parts = digit_parts_for(self.bpe.tokens) if getattr(a, "digit_embd", False) else None
         self.model = Model(self.cfg, digit_parts=parts).to(self.dev)
         # no weight decay on the shared digit vectors (embedding-like, like the norms' gains)
-        decay = [p for n, p in self.model.named_parameters() if p.dim() == 2 and n != "digit_embd"]
-        other = [p for n, p in self.model.named_parameters() if p.dim() < 2 or n == "digit_embd"]
+        decay, other = [], []
+        for n, p in self.model.named_parameters():
+            (decay if p.dim() == 2 and n != "digit_embd" else other).append(p)
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": other, "weight_decay": 0.0}],
                                      lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
         self.step, self.elapsed, self.tokens, self.cursors = 0, 0.0, 0, {}
@@ -553,13 +552,11 @@ class Run:
 
     # ---- end of run ----------------------------------------------------------------------------------------
     def export(self):
-        path, model, name = os.path.join(self.a.out, "model.gguf"), self.model, ""
-        ctx = getattr(self.a, "export_ctx", 0)
-        if ctx and ctx != self.cfg.n_ctx:  # only the metadata differs: positions beyond the trained ctx are untrained
-            path, model = os.path.join(self.a.out, f"model-ctx{ctx}.gguf"), copy.copy(self.model)
-            model.c = dataclasses.replace(self.cfg, n_ctx=ctx)
-            name = f" (context_length {ctx} for evaluation)"
-        n = write_gguf(path, model, self.bpe, self.a.wtype,
+        path, name = os.path.join(self.a.out, "model.gguf"), ""
+        ctx = getattr(self.a, "export_ctx", 0) or self.cfg.n_ctx
+        if ctx != self.cfg.n_ctx:  # only the metadata differs: positions beyond the trained ctx are untrained
+            path, name = os.path.join(self.a.out, f"model-ctx{ctx}.gguf"), f" (context_length {ctx} for evaluation)"
+        n = write_gguf(path, self.model, self.bpe, self.a.wtype, n_ctx=ctx,
                        name=f"kvpack testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd} ctx{self.cfg.n_ctx}{name}",
                        extra={"step": self.step, "tokens": self.tokens, "seed": self.a.seed})
         self.log(f"export: {path}, {n} bytes ({n / 2 ** 20:.2f} MiB), {self.model.n_params()} parameters")

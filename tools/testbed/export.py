@@ -20,14 +20,15 @@ def round_weights(arr, wtype):
     return a
 
 
-def write_gguf(path, model, bpe, wtype="f16", name="kvpack testbed", extra=None):
+def write_gguf(path, model, bpe, wtype="f16", name="kvpack testbed", extra=None, n_ctx=None):
+    """n_ctx: the context_length to declare (default: the model's trained context)."""
     c = model.c
     a = c.arch
     w = gw.GGUFWriter()
     w.add_string("general.architecture", a)
     w.add_string("general.name", name)
     w.add_u32("general.file_type", FILE_TYPES[wtype])
-    w.add_u32(a + ".context_length", c.n_ctx)
+    w.add_u32(a + ".context_length", n_ctx or c.n_ctx)
     w.add_u32(a + ".embedding_length", c.n_embd)
     w.add_u32(a + ".block_count", c.n_layer)
     w.add_u32(a + ".feed_forward_length", c.n_ff)
