@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -138,6 +139,41 @@ TEST(EvalTasks, NeedleValueAppearsOnceForItsKeyAndDepthIsSwept) {
     const double rel = static_cast<double>(at) / static_cast<double>(t.prompt.size());
     EXPECT_NEAR(rel, o.depth, 0.15) << "needle at " << rel << " of the prompt";
   }
+}
+
+// More needles (training data for the testbed model): 4 stays the harness's prompt; 8 gives 8 distinct keys and
+// values with the answer still under the queried key; out-of-range counts are rejected.
+TEST(EvalTasks, NeedleCountIsAnOptionForTrainingData) {
+  const kvpack::Tokenizer& tok = model().tokenizer();
+  const std::regex needle_re("The magic number for ([a-z]+-[a-z]+) is: ([0-9]{7})\\.");
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    eval::TaskOptions four;
+    four.needles = 4;
+    EXPECT_EQ(eval::make_task(TaskKind::Needle, 1024, seed, &tok, four).prompt, eval::make_task(TaskKind::Needle, 1024, seed, &tok).prompt);
+    eval::TaskOptions eight;
+    eight.needles = 8;
+    const eval::Task t = eval::make_task(TaskKind::Needle, 1024, seed, &tok, eight);
+    EXPECT_LE(t.prompt_tokens + t.max_tokens, 1024);
+    std::map<std::string, std::string> needles;
+    std::set<std::string> values;
+    for (const auto& l : lines_of(t.prompt)) {
+      std::smatch m;
+      if (std::regex_match(l, m, needle_re)) {
+        EXPECT_TRUE(needles.emplace(m[1], m[2]).second) << "key repeated: " << m[1];
+        EXPECT_TRUE(values.insert(m[2]).second) << "value repeated: " << m[2];
+      }
+    }
+    EXPECT_EQ(needles.size(), 8u) << t.prompt;
+    const std::string q = lines_of(t.prompt).back();
+    const std::string key = q.substr(std::string("The magic number for ").size(), q.size() - std::string("The magic number for ").size() - 4);
+    ASSERT_TRUE(needles.count(key)) << q;
+    EXPECT_EQ(" " + needles[key], t.answer);
+  }
+  eval::TaskOptions bad;
+  bad.needles = eval::kNeedlesMin - 1;
+  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
+  bad.needles = eval::kNeedlesMax + 1;
+  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
 }
 
 TEST(EvalTasks, VarTrackChainResolvesToTheAnswer) {

@@ -205,6 +205,7 @@ void add_gen_tasks(CLI::App& eval) {
   auto out = std::make_shared<std::string>();
   auto filler = std::make_shared<std::string>();
   auto chars = std::make_shared<bool>(false);
+  auto needles = std::make_shared<int32_t>(4);
   add_model_options(*cmd, *o);
   cmd->add_option("--task", *task, "needle, vartrack, pointer, a comma-separated list, or all");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
@@ -215,12 +216,15 @@ void add_gen_tasks(CLI::App& eval) {
   cmd->add_option("--out", *out, "JSON-lines file to write")->required();
   cmd->add_option("--filler", *filler, "Filler text file (default: built-in filler)")->check(CLI::ExistingFile);
   cmd->add_flag("--chars", *chars, "Size by bytes (character-level models) instead of the model's tokenizer");
+  cmd->add_option("--needles", *needles, "Needles per needle prompt (training data; `eval tasks` always uses 4)")
+      ->check(CLI::Range(eval::kNeedlesMin, eval::kNeedlesMax));
   cmd->callback([=] {
     std::unique_ptr<Model> model;
     if (!*chars) model = load_model(*o);
     const Tokenizer* tok = model ? &model->tokenizer() : nullptr;
     eval::TaskOptions topt;
     topt.filler = filler_from(*filler);
+    topt.needles = *needles;
     std::ofstream f(*out);
     if (!f) throw std::runtime_error("cannot write " + *out);
     int64_t lines = 0;

@@ -116,6 +116,9 @@ def parse_args(argv=None):
     ap.add_argument("--copy-until", type=float, default=0.3, help="progress at which copy rows stop")
     ap.add_argument("--extra-questions", type=int, default=3,
                     help="more questions (same format, about the same prompt) appended to each training sample")
+    ap.add_argument("--train-needles", type=int, default=4,
+                    help="needles per training needle prompt (4-32; held-out prompts keep 4): more needles, more "
+                         "extra questions per needle row")
     # evaluation / io
     ap.add_argument("--eval-every", type=float, default=10.0, help="minutes between held-out evaluations")
     ap.add_argument("--eval-n", type=int, default=20, help="held-out samples per task per evaluation")
@@ -301,7 +304,8 @@ class Run:
             raise SystemExit(f"{data_dir} holds task samples sized with another tokenizer: use a fresh --out")
         self.mark_cached(fp_path)
         self.tasks = TaskData(self.kvpack, self.tok_gguf, self.bpe, data_dir, a.seed,
-                              os.path.abspath(a.corpus), self.log, n_extra=a.extra_questions)
+                              os.path.abspath(a.corpus), self.log, n_extra=a.extra_questions,
+                              train_needles=getattr(a, "train_needles", 4))
         self.eval_sets = {}
         for c in sorted({c for c, _ in self.stages} | {a.ctx}):
             for t in TASKS:

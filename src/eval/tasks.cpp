@@ -115,6 +115,19 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
         const double d = i == 0 && opt.depth >= 0 ? std::clamp(opt.depth, 0.0, 1.0) : r.unit();
         sk.items.push_back({d, "The magic number for " + keys[i] + " is: " + std::to_string(vals[static_cast<size_t>(i)]) + "."});
       }
+      // Extra needles (training data only): keys and values distinct from all others, drawn after the first
+      // four so that needles == 4 keeps every existing seed's prompt.
+      std::set<std::string> used(std::begin(keys), std::end(keys));
+      std::set<int64_t> used_vals(vals.begin(), vals.end());
+      for (int i = 4; i < opt.needles; ++i) {
+        std::string k;
+        do k = key(r.below(std::size(kAdjectives)), r.below(std::size(kNouns)));
+        while (!used.insert(k).second);
+        int64_t v;
+        do v = 1000000 + static_cast<int64_t>(r.below(9000000));
+        while (!used_vals.insert(v).second);
+        sk.items.push_back({r.unit(), "The magic number for " + k + " is: " + std::to_string(v) + "."});
+      }
       sk.key_item = 0;
       sk.question = "What is the magic number for " + keys[0] + "?\nThe magic number for " + keys[0] + " is:";
       sk.answer = " " + std::to_string(vals[0]);
@@ -305,6 +318,9 @@ std::vector<std::string> filler_sentences(std::string_view text) {
 }
 
 Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer* tok, const TaskOptions& opt) {
+  if (opt.needles < kNeedlesMin || opt.needles > kNeedlesMax)
+    throw std::invalid_argument("needles must be in [" + std::to_string(kNeedlesMin) + ", " + std::to_string(kNeedlesMax) +
+                                "], got " + std::to_string(opt.needles));
   Rng r(mix(seed) ^ mix(kind_tag(kind)));
   const Skeleton sk = make_skeleton(kind, r, opt);
   // Filler: its own stream, independent of how many lines end up used.

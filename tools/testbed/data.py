@@ -113,11 +113,13 @@ def tokenize_task(bpe, j, n_extra=0, max_len=None):
     return Sample(ids, len(p), len(full) - len(p), j["task"], int(j["seed"]), j["answer"], extra)
 
 
-def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None):
+def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=4):
     cmd = [kvpack, "eval", "gen-tasks", "-m", model_gguf, "--task", task, "--n", str(n), "--ctx", str(ctx),
            "--seed", str(seed), "--out", out]
     if filler:
         cmd += ["--filler", filler]
+    if task == "needle" and needles != 4:
+        cmd += ["--needles", str(needles)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -126,9 +128,11 @@ def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None):
 
 
 class TaskData:
-    def __init__(self, kvpack, tok_gguf, bpe, cache_dir, run_seed, filler_path, log=print, n_extra=0):
+    def __init__(self, kvpack, tok_gguf, bpe, cache_dir, run_seed, filler_path, log=print, n_extra=0,
+                 train_needles=4):
         self.kvpack, self.tok_gguf, self.bpe = kvpack, tok_gguf, bpe
         self.n_extra = n_extra
+        self.train_needles = train_needles  # training needle prompts only; held-out ones are the harness's (4)
         self.dir = cache_dir
         self.run_seed = run_seed
         self.filler = filler_path
@@ -138,11 +142,12 @@ class TaskData:
         self._chunks = {}
         os.makedirs(cache_dir, exist_ok=True)
 
-    def _load_or_gen(self, name, task, n, ctx, seed, filler):
+    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=4):
         path = os.path.join(self.dir, name + ".jsonl")
         if not os.path.exists(path):
             tmp = path + ".tmp"
-            run_gen_tasks(self.kvpack, self.tok_gguf, task, n, ctx, seed, tmp, self.filler if filler else None)
+            run_gen_tasks(self.kvpack, self.tok_gguf, task, n, ctx, seed, tmp, self.filler if filler else None,
+                          needles)
             os.replace(tmp, path)
         with open(path) as f:
             return [json.loads(line) for line in f]
@@ -161,9 +166,11 @@ class TaskData:
         if key in self._chunks:
             return self._chunks[key]
         gseed = stable_seed("train", self.run_seed, task, ctx, int(filler), k)
-        gctx = gen_ctx(task, ctx, self.n_extra)
-        js = self._load_or_gen(f"train-{task}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task, CHUNK, gctx,
-                               gseed, filler)
+        needles = self.train_needles if task == "needle" else 4
+        gctx = gen_ctx(task, ctx, self.n_extra, needles)
+        tag = f"-k{needles}" if needles != 4 else ""
+        js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task, CHUNK,
+                               gctx, gseed, filler, needles)
         out = []
         for j in js:
             if int(j["seed"]) in self.heldout_seeds or hashlib.sha1(j["prompt"].encode()).hexdigest() in self.heldout_prompts:
@@ -190,12 +197,14 @@ class TaskData:
 # Contexts gen-tasks accepts with the 4096-token BPE (measured: needle 138, vartrack 203, pointer 193) + margin.
 MIN_GEN_CTX = {"needle": 176, "vartrack": 240, "pointer": 232}
 EXTRA_TOKENS = 36  # room per extra question and answer
+NEEDLE_LINE_TOKENS = 20  # room per needle beyond the harness's 4 (a line is 13-16 tokens with the 4096 BPE)
 
 
-def gen_ctx(task, ctx, n_extra):
+def gen_ctx(task, ctx, n_extra, needles=4):
     """Context at which training prompts are generated for a training row of ctx tokens: smaller by the room the
     extra questions need (at short contexts some extras are dropped instead)."""
-    return min(ctx, max(ctx - EXTRA_TOKENS * n_extra, MIN_GEN_CTX[task]))
+    least = MIN_GEN_CTX[task] + (NEEDLE_LINE_TOKENS * (needles - 4) if task == "needle" else 0)
+    return min(ctx, max(ctx - EXTRA_TOKENS * n_extra, least))
 
 
 def min_ctx(kvpack, tok_gguf, task, tmpdir):
