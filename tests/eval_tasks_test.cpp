@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <set>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>

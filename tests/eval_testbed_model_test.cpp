@@ -34,8 +34,8 @@ TEST(TestbedModel, AnswersTheTaskSuiteWithFullKvAndLosesPointerToAWindow) {
   constexpr uint64_t kSeed = 1000;  // the held-out seed of training (docs/testbed.md §2)
   const kvpack::compress::CompressConfig full;
   // Measured for run tb12 at 1024 (n = 20, seed 1000; docs/testbed.md §10): needle 95 %, vartrack 90 %,
-  // pointer 90 % (the previous default, tb9: 70 / 75 / 85 %); a window of 10 % of the context: pointer 0 %. The thresholds leave room for another correct summation
-  // order (other SIMD paths) flipping a few samples, not for a broken engine (which scores 0). A future default
+  // pointer 90 % (the previous default, tb9: 70 / 75 / 85 %); a window of 10 % of the context: pointer 0 %.
+  // The thresholds leave room for another correct summation order (other SIMD paths) flipping a few samples, not for a broken engine (which scores 0). A future default
   // model must score at least as well.
   struct Expect {
     TaskKind kind;

@@ -115,7 +115,7 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
         const double d = i == 0 && opt.depth >= 0 ? std::clamp(opt.depth, 0.0, 1.0) : r.unit();
         sk.items.push_back({d, "The magic number for " + keys[i] + " is: " + std::to_string(vals[static_cast<size_t>(i)]) + "."});
       }
-      // Extra needles (training data only): keys and values distinct from all others, drawn after the first
+      // Extra needles (training data only): random keys and values distinct from all others, drawn after the first
       // four so that needles == 4 keeps every existing seed's prompt.
       std::set<std::string> used(std::begin(keys), std::end(keys));
       std::set<int64_t> used_vals(vals.begin(), vals.end());

@@ -68,9 +68,9 @@ struct TaskOptions {
   // Filler lines (e.g. filler_sentences(text of --filler FILE)); empty: the built-in deterministic filler.
   std::vector<std::string> filler;
   int32_t gen_margin = 8;  // generated tokens allowed beyond the answer
-  // needle: number of needles, kNeedlesMin..kNeedlesMax. The harness always uses 4; more (extra keys with no
-  // shared word, drawn after the first four so that 4 gives the same prompts) are for training data, where
-  // each needle is one more question the trainer can ask about the same prompt.
+  // needle: number of needles, kNeedlesMin..kNeedlesMax. The harness always uses 4; more (random extra keys,
+  // not built to share a word with the queried one, drawn after the first four so that 4 gives the same
+  // prompts) are for training data, where each needle is one more question the trainer can ask.
   int32_t needles = 4;
 };
 constexpr int32_t kNeedlesMin = 4, kNeedlesMax = 32;
