@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 
 TASKS = ("needle", "vartrack", "pointer")
+HARNESS_NEEDLES = 4  # needles per needle prompt in `kvpack eval tasks` (gen-tasks --needles default)
 CHUNK = 128
 
 
@@ -113,12 +114,12 @@ def tokenize_task(bpe, j, n_extra=0, max_len=None):
     return Sample(ids, len(p), len(full) - len(p), j["task"], int(j["seed"]), j["answer"], extra)
 
 
-def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=4):
+def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=HARNESS_NEEDLES):
     cmd = [kvpack, "eval", "gen-tasks", "-m", model_gguf, "--task", task, "--n", str(n), "--ctx", str(ctx),
            "--seed", str(seed), "--out", out]
     if filler:
         cmd += ["--filler", filler]
-    if task == "needle" and needles != 4:
+    if needles != HARNESS_NEEDLES:
         cmd += ["--needles", str(needles)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -129,7 +130,7 @@ def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, need
 
 class TaskData:
     def __init__(self, kvpack, tok_gguf, bpe, cache_dir, run_seed, filler_path, log=print, n_extra=0,
-                 train_needles=4):
+                 train_needles=HARNESS_NEEDLES):
         self.kvpack, self.tok_gguf, self.bpe = kvpack, tok_gguf, bpe
         self.n_extra = n_extra
         self.train_needles = train_needles  # training needle prompts only; held-out ones are the harness's (4)
@@ -142,7 +143,7 @@ class TaskData:
         self._chunks = {}
         os.makedirs(cache_dir, exist_ok=True)
 
-    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=4):
+    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=HARNESS_NEEDLES):
         path = os.path.join(self.dir, name + ".jsonl")
         if not os.path.exists(path):
             tmp = path + ".tmp"
@@ -166,9 +167,9 @@ class TaskData:
         if key in self._chunks:
             return self._chunks[key]
         gseed = stable_seed("train", self.run_seed, task, ctx, int(filler), k)
-        needles = self.train_needles if task == "needle" else 4
+        needles = self.train_needles if task == "needle" else HARNESS_NEEDLES
         gctx = gen_ctx(task, ctx, self.n_extra, needles)
-        tag = f"-k{needles}" if needles != 4 else ""
+        tag = f"-k{needles}" if needles != HARNESS_NEEDLES else ""
         js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task, CHUNK,
                                gctx, gseed, filler, needles)
         out = []
@@ -200,10 +201,10 @@ EXTRA_TOKENS = 36  # room per extra question and answer
 NEEDLE_LINE_TOKENS = 20  # room per needle beyond the harness's 4 (a line is 13-16 tokens with the 4096 BPE)
 
 
-def gen_ctx(task, ctx, n_extra, needles=4):
+def gen_ctx(task, ctx, n_extra, needles=HARNESS_NEEDLES):
     """Context at which training prompts are generated for a training row of ctx tokens: smaller by the room the
     extra questions need (at short contexts some extras are dropped instead)."""
-    least = MIN_GEN_CTX[task] + (NEEDLE_LINE_TOKENS * (needles - 4) if task == "needle" else 0)
+    least = MIN_GEN_CTX[task] + NEEDLE_LINE_TOKENS * (needles - HARNESS_NEEDLES)
     return min(ctx, max(ctx - EXTRA_TOKENS * n_extra, least))
 
 
