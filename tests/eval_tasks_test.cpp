@@ -212,6 +212,65 @@ TEST(EvalTasks, VarTrackChainResolvesToTheAnswer) {
   }
 }
 
+// More chains (training data for the testbed model): 2 stays the harness's prompt; 4 gives 20 distinct variables
+// in 4 chains of 4 hops, each ending at its own number, with the answer still tracing the queried chain;
+// out-of-range counts are rejected.
+TEST(EvalTasks, VarTrackChainCountIsAnOptionForTrainingData) {
+  const kvpack::Tokenizer& tok = model().tokenizer();
+  const std::regex var_re("VAR ([A-Z]{5}) = (VAR ([A-Z]{5})|([0-9]{5}))\\.");
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    eval::TaskOptions two;
+    two.chains = 2;
+    EXPECT_EQ(eval::make_task(TaskKind::VarTrack, 1024, seed, &tok, two).prompt, eval::make_task(TaskKind::VarTrack, 1024, seed, &tok).prompt);
+    eval::TaskOptions four;
+    four.chains = 4;
+    const eval::Task t = eval::make_task(TaskKind::VarTrack, 1024, seed, &tok, four);
+    EXPECT_LE(t.prompt_tokens + t.max_tokens, 1024);
+    std::map<std::string, std::string> assign;  // name -> rhs name, or "=" + number
+    std::set<std::string> rhs_names, numbers;
+    for (const auto& l : lines_of(t.prompt)) {
+      std::smatch m;
+      if (!std::regex_match(l, m, var_re)) continue;
+      EXPECT_TRUE(assign.emplace(m[1], m[3].matched ? std::string(m[3]) : "=" + std::string(m[4])).second) << "name repeated: " << m[1];
+      if (m[3].matched) {
+        EXPECT_TRUE(assign.count(m[3])) << "assigned before use: " << m[3];
+        EXPECT_TRUE(rhs_names.insert(m[3]).second) << "two variables copy " << m[3];
+      } else {
+        EXPECT_TRUE(numbers.insert(m[4]).second) << "number repeated: " << m[4];
+      }
+    }
+    EXPECT_EQ(assign.size(), 20u) << t.prompt;
+    EXPECT_EQ(numbers.size(), 4u);
+    int ends = 0;  // chain ends (variables nobody copies): each is 4 hops from its number
+    for (const auto& [name, rhs] : assign) {
+      if (rhs_names.count(name)) continue;
+      ++ends;
+      std::string v = name;
+      int hops = 0;
+      while (assign[v][0] != '=' && hops < 10) {
+        v = assign[v];
+        ++hops;
+      }
+      EXPECT_EQ(hops, 4) << name;
+    }
+    EXPECT_EQ(ends, 4);
+    const std::string q = lines_of(t.prompt)[lines_of(t.prompt).size() - 2];
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(q, m, std::regex("VAR ([A-Z]{5})\\?"))) << q;
+    std::string v = m[1], trace;
+    while (assign[v][0] != '=') {
+      v = assign[v];
+      trace += " VAR " + v + " =";
+    }
+    EXPECT_EQ(trace + " " + assign[v].substr(1), t.answer);
+  }
+  eval::TaskOptions bad;
+  bad.chains = eval::kChainsMin - 1;
+  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
+  bad.chains = eval::kChainsMax + 1;
+  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
+}
+
 TEST(EvalTasks, PointerPathFollowsTheLinks) {
   const kvpack::Tokenizer& tok = model().tokenizer();
   const std::regex link_re("([A-Z]{4}) -> ([A-Z]{4})");

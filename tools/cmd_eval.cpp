@@ -206,6 +206,7 @@ void add_gen_tasks(CLI::App& eval) {
   auto filler = std::make_shared<std::string>();
   auto chars = std::make_shared<bool>(false);
   auto needles = std::make_shared<int32_t>(4);
+  auto chains = std::make_shared<int32_t>(2);
   add_model_options(*cmd, *o);
   cmd->add_option("--task", *task, "needle, vartrack, pointer, a comma-separated list, or all");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
@@ -218,6 +219,8 @@ void add_gen_tasks(CLI::App& eval) {
   cmd->add_flag("--chars", *chars, "Size by bytes (character-level models) instead of the model's tokenizer");
   cmd->add_option("--needles", *needles, "Needles per needle prompt (training data; `eval tasks` always uses 4)")
       ->check(CLI::Range(eval::kNeedlesMin, eval::kNeedlesMax));
+  cmd->add_option("--chains", *chains, "Variable chains per vartrack prompt (training data; `eval tasks` always uses 2)")
+      ->check(CLI::Range(eval::kChainsMin, eval::kChainsMax));
   cmd->callback([=] {
     std::unique_ptr<Model> model;
     if (!*chars) model = load_model(*o);
@@ -225,6 +228,7 @@ void add_gen_tasks(CLI::App& eval) {
     eval::TaskOptions topt;
     topt.filler = filler_from(*filler);
     topt.needles = *needles;
+    topt.chains = *chains;
     std::ofstream f(*out);
     if (!f) throw std::runtime_error("cannot write " + *out);
     int64_t lines = 0;

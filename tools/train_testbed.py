@@ -119,6 +119,9 @@ def parse_args(argv=None):
     ap.add_argument("--train-needles", type=int, default=4,
                     help="needles per training needle prompt (4-32; held-out prompts keep 4): more needles, more "
                          "extra questions per needle row")
+    ap.add_argument("--train-chains", type=int, default=2,
+                    help="variable chains per training vartrack prompt (2-8; held-out prompts keep 2): each extra chain "
+                         "adds a 4-hop question the extra questions can ask")
     # evaluation / io
     ap.add_argument("--eval-every", type=float, default=10.0, help="minutes between held-out evaluations")
     ap.add_argument("--eval-n", type=int, default=20, help="held-out samples per task per evaluation")
@@ -305,7 +308,8 @@ class Run:
         self.mark_cached(fp_path)
         self.tasks = TaskData(self.kvpack, self.tok_gguf, self.bpe, data_dir, a.seed,
                               os.path.abspath(a.corpus), self.log, n_extra=a.extra_questions,
-                              train_needles=getattr(a, "train_needles", 4))
+                              train_needles=getattr(a, "train_needles", 4),
+                              train_chains=getattr(a, "train_chains", 2))
         self.eval_sets = {}
         for c in sorted({c for c, _ in self.stages} | {a.ctx}):
             for t in TASKS:

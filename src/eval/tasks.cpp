@@ -148,6 +148,26 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
           sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + v + " = " + rhs + "."});
         }
       }
+      // Extra chains (training data only), drawn after the first two so that chains == 2 keeps every seed's prompt.
+      std::set<std::string> used_names(names.begin(), names.end());
+      std::set<int64_t> used_vals(vals.begin(), vals.end());
+      for (int c = kChains; c < opt.chains; ++c) {
+        std::vector<std::string> chain(kHops + 1);
+        for (std::string& v : chain) {
+          do v = upper_name(r, 5);
+          while (v == "VAR" || !used_names.insert(v).second);
+        }
+        int64_t val;
+        do val = 10000 + static_cast<int64_t>(r.below(90000));
+        while (!used_vals.insert(val).second);
+        std::vector<double> d(kHops + 1);
+        for (double& x : d) x = r.unit();
+        std::sort(d.begin(), d.end());
+        for (int h = 0; h <= kHops; ++h) {
+          const std::string rhs = h == 0 ? std::to_string(val) : "VAR " + chain[static_cast<size_t>(h - 1)];
+          sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + chain[static_cast<size_t>(h)] + " = " + rhs + "."});
+        }
+      }
       sk.key_item = 0;
       // The answer traces the chain back to its number, one assignment per step ("VAR E = VAR D = ... = 12345"),
       // so each generated step must find its line far back in the prompt (as in pointer). Asking for the bare
@@ -321,6 +341,9 @@ Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer
   if (opt.needles < kNeedlesMin || opt.needles > kNeedlesMax)
     throw std::invalid_argument("needles must be in [" + std::to_string(kNeedlesMin) + ", " + std::to_string(kNeedlesMax) +
                                 "], got " + std::to_string(opt.needles));
+  if (opt.chains < kChainsMin || opt.chains > kChainsMax)
+    throw std::invalid_argument("chains must be in [" + std::to_string(kChainsMin) + ", " + std::to_string(kChainsMax) +
+                                "], got " + std::to_string(opt.chains));
   Rng r(mix(seed) ^ mix(kind_tag(kind)));
   const Skeleton sk = make_skeleton(kind, r, opt);
   // Filler: its own stream, independent of how many lines end up used.

@@ -72,8 +72,13 @@ struct TaskOptions {
   // not built to share a word with the queried one, drawn after the first four so that 4 gives the same
   // prompts) are for training data, where each needle is one more question the trainer can ask.
   int32_t needles = 4;
+  // vartrack: number of chains, kChainsMin..kChainsMax. The harness always uses 2 (the question is about the
+  // first); more (names and numbers distinct from all others, drawn after the first two so that 2 gives the
+  // same prompts) are for training data: each extra chain's last variable is one more 4-hop question.
+  int32_t chains = 2;
 };
 constexpr int32_t kNeedlesMin = 4, kNeedlesMax = 32;
+constexpr int32_t kChainsMin = 2, kChainsMax = 8;
 
 struct Task {
   TaskKind kind = TaskKind::Needle;

@@ -17,6 +17,7 @@ import numpy as np
 
 TASKS = ("needle", "vartrack", "pointer")
 HARNESS_NEEDLES = 4  # needles per needle prompt in `kvpack eval tasks` (gen-tasks --needles default)
+HARNESS_CHAINS = 2  # variable chains per vartrack prompt in `kvpack eval tasks` (gen-tasks --chains default)
 CHUNK = 128
 
 
@@ -41,7 +42,7 @@ _LINK = re.compile(r"^([A-Z]+) -> ([A-Z]+)$", re.M)
 
 def extra_questions(task, prompt, seed, k):
     """Up to k more questions about the same prompt, in the task's own question/answer format: the other
-    needles; other variables of both chains (0 to 4 hops from their number: a built-in curriculum in hops);
+    needles; other variables of all chains (0 to 4 hops from their number: a built-in curriculum in hops);
     other start nodes (the distractor chains' roots, or inner nodes with fewer links). Filler lines can never
     match the patterns (no digits, no '->', no two capitals in a row). Returns [(question, answer)], each
     question starting with a newline."""
@@ -114,13 +115,16 @@ def tokenize_task(bpe, j, n_extra=0, max_len=None):
     return Sample(ids, len(p), len(full) - len(p), j["task"], int(j["seed"]), j["answer"], extra)
 
 
-def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=HARNESS_NEEDLES):
+def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=HARNESS_NEEDLES,
+                  chains=HARNESS_CHAINS):
     cmd = [kvpack, "eval", "gen-tasks", "-m", model_gguf, "--task", task, "--n", str(n), "--ctx", str(ctx),
            "--seed", str(seed), "--out", out]
     if filler:
         cmd += ["--filler", filler]
     if needles != HARNESS_NEEDLES:
         cmd += ["--needles", str(needles)]
+    if chains != HARNESS_CHAINS:
+        cmd += ["--chains", str(chains)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -130,10 +134,11 @@ def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, need
 
 class TaskData:
     def __init__(self, kvpack, tok_gguf, bpe, cache_dir, run_seed, filler_path, log=print, n_extra=0,
-                 train_needles=HARNESS_NEEDLES):
+                 train_needles=HARNESS_NEEDLES, train_chains=HARNESS_CHAINS):
         self.kvpack, self.tok_gguf, self.bpe = kvpack, tok_gguf, bpe
         self.n_extra = n_extra
         self.train_needles = train_needles  # training needle prompts only; held-out ones are the harness's (4)
+        self.train_chains = train_chains  # training vartrack prompts only; held-out ones are the harness's (2)
         self.dir = cache_dir
         self.run_seed = run_seed
         self.filler = filler_path
@@ -143,12 +148,12 @@ class TaskData:
         self._chunks = {}
         os.makedirs(cache_dir, exist_ok=True)
 
-    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=HARNESS_NEEDLES):
+    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=HARNESS_NEEDLES, chains=HARNESS_CHAINS):
         path = os.path.join(self.dir, name + ".jsonl")
         if not os.path.exists(path):
             tmp = path + ".tmp"
             run_gen_tasks(self.kvpack, self.tok_gguf, task, n, ctx, seed, tmp, self.filler if filler else None,
-                          needles)
+                          needles, chains)
             os.replace(tmp, path)
         with open(path) as f:
             return [json.loads(line) for line in f]
@@ -168,10 +173,11 @@ class TaskData:
             return self._chunks[key]
         gseed = stable_seed("train", self.run_seed, task, ctx, int(filler), k)
         needles = self.train_needles if task == "needle" else HARNESS_NEEDLES
-        gctx = gen_ctx(task, ctx, self.n_extra, needles)
-        tag = f"-k{needles}" if needles != HARNESS_NEEDLES else ""
+        chains = self.train_chains if task == "vartrack" else HARNESS_CHAINS
+        gctx = gen_ctx(task, ctx, self.n_extra, needles, chains)
+        tag = (f"-k{needles}" if needles != HARNESS_NEEDLES else "") + (f"-ch{chains}" if chains != HARNESS_CHAINS else "")
         js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task, CHUNK,
-                               gctx, gseed, filler, needles)
+                               gctx, gseed, filler, needles, chains)
         out = []
         for j in js:
             if int(j["seed"]) in self.heldout_seeds or hashlib.sha1(j["prompt"].encode()).hexdigest() in self.heldout_prompts:
@@ -199,12 +205,13 @@ class TaskData:
 MIN_GEN_CTX = {"needle": 176, "vartrack": 240, "pointer": 232}
 EXTRA_TOKENS = 36  # room per extra question and answer
 NEEDLE_LINE_TOKENS = 20  # room per needle beyond the harness's 4 (a line is 13-16 tokens with the 4096 BPE)
+CHAIN_TOKENS = 60  # room per vartrack chain beyond the harness's 2 (5 lines of 8-11 tokens)
 
 
-def gen_ctx(task, ctx, n_extra, needles=HARNESS_NEEDLES):
+def gen_ctx(task, ctx, n_extra, needles=HARNESS_NEEDLES, chains=HARNESS_CHAINS):
     """Context at which training prompts are generated for a training row of ctx tokens: smaller by the room the
     extra questions need (at short contexts some extras are dropped instead)."""
-    least = MIN_GEN_CTX[task] + NEEDLE_LINE_TOKENS * (needles - HARNESS_NEEDLES)
+    least = MIN_GEN_CTX[task] + NEEDLE_LINE_TOKENS * (needles - HARNESS_NEEDLES) + CHAIN_TOKENS * (chains - HARNESS_CHAINS)
     return min(ctx, max(ctx - EXTRA_TOKENS * n_extra, least))
 
 
