@@ -28,21 +28,23 @@ TEST(TestbedModel, AnswersTheTaskSuiteWithFullKvAndLosesPointerToAWindow) {
   if (!std::filesystem::exists(kModel)) GTEST_SKIP() << kModel << " not present (the build falls back to random weights)";
   const std::unique_ptr<kvpack::Model> model = kvpack::Model::load(kModel);
   kvpack::EngineOptions eo;
-  eo.threads = 1;
+  eo.threads = 2;  // the CI machine's cores: this test runs ≈ 40 s of decoding at 2048
   kvpack::Engine engine(*model, eo);
-  constexpr int32_t kCtx = 1024, kN = 20;
+  // The model's trained context, where the target (≥ 90 % per task, n = 50) is measured.
+  constexpr int32_t kCtx = 2048, kN = 20;
   constexpr uint64_t kSeed = 1000;  // the held-out seed of training (docs/testbed.md §2)
   const kvpack::compress::CompressConfig full;
-  // Measured for run tb12 at 1024 (n = 20, seed 1000; docs/testbed.md §10): needle 95 %, vartrack 90 %,
-  // pointer 90 % (the previous default, tb9: 70 / 75 / 85 %); a window of 10 % of the context: pointer 0 %.
-  // The thresholds leave room for another correct summation order (other SIMD paths) flipping a few samples, not for a broken engine (which scores 0). A future default
-  // model must score at least as well.
+  // Measured for run tb13 at 2048 (n = 20, seed 1000; docs/testbed.md §11): needle 100 %, vartrack 95 %,
+  // pointer 90 %; a window of 10 % of the context: pointer 0/30 in the sweep (docs/quality.md §4b). The
+  // thresholds leave room for another correct summation order (other SIMD paths) flipping a few samples, not
+  // for a broken engine (which scores 0). A future default model must score at least as well. (tb13 is weaker
+  // on needle at short contexts — 55 % at 1024 — which docs/testbed.md §11 records; the target is at 2048.)
   struct Expect {
     TaskKind kind;
     double at_least;
   };
-  for (const Expect& e : {Expect{TaskKind::Needle, 0.5}, Expect{TaskKind::VarTrack, 0.5},
-                          Expect{TaskKind::Pointer, 0.6}}) {
+  for (const Expect& e : {Expect{TaskKind::Needle, 0.8}, Expect{TaskKind::VarTrack, 0.8},
+                          Expect{TaskKind::Pointer, 0.75}}) {
     const eval::TaskResult r = eval::run_task(engine, e.kind, kCtx, kN, kSeed, full);
     SCOPED_TRACE(eval::task_name(e.kind));
     EXPECT_EQ(r.n, kN);
