@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
 shared=${KVPACK_SHARED_DIR:-$(cd .. && pwd)/shared}
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_SHARED_DIR="$shared" >/dev/null
+# KVPACK_BUILD_TESTS=ON explicitly: scripts/quickstart.sh configures the same build/ with tests OFF (cached)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure -j"$jobs")
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVPACK_SANITIZE=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVPACK_SANITIZE=ON -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")

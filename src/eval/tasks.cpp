@@ -138,35 +138,30 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       const std::vector<std::string> names = upper_names(r, kChains * (kHops + 1), 5);
       const std::vector<int64_t> vals = distinct_numbers(r, kChains, 10000, 100000);
       sk.header = "Remember the variables in this text.";
-      for (int c = 0; c < kChains; ++c) {
+      // One chain's lines: its number, then each variable copying the previous one, in order at random depths.
+      auto add_chain = [&](const std::string* chain, int64_t val) {
         std::vector<double> d(kHops + 1);
         for (double& x : d) x = r.unit();
         std::sort(d.begin(), d.end());
         for (int h = 0; h <= kHops; ++h) {
-          const std::string& v = names[static_cast<size_t>(c * (kHops + 1) + h)];
-          const std::string rhs = h == 0 ? std::to_string(vals[static_cast<size_t>(c)]) : "VAR " + names[static_cast<size_t>(c * (kHops + 1) + h - 1)];
-          sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + v + " = " + rhs + "."});
+          const std::string rhs = h == 0 ? std::to_string(val) : "VAR " + chain[h - 1];
+          sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + chain[h] + " = " + rhs + "."});
         }
-      }
+      };
+      for (int c = 0; c < kChains; ++c) add_chain(&names[static_cast<size_t>(c * (kHops + 1))], vals[static_cast<size_t>(c)]);
       // Extra chains (training data only), drawn after the first two so that chains == 2 keeps every seed's prompt.
       std::set<std::string> used_names(names.begin(), names.end());
       std::set<int64_t> used_vals(vals.begin(), vals.end());
       for (int c = kChains; c < opt.chains; ++c) {
-        std::vector<std::string> chain(kHops + 1);
+        std::string chain[kHops + 1];
         for (std::string& v : chain) {
           do v = upper_name(r, 5);
-          while (v == "VAR" || !used_names.insert(v).second);
+          while (!used_names.insert(v).second);
         }
         int64_t val;
         do val = 10000 + static_cast<int64_t>(r.below(90000));
         while (!used_vals.insert(val).second);
-        std::vector<double> d(kHops + 1);
-        for (double& x : d) x = r.unit();
-        std::sort(d.begin(), d.end());
-        for (int h = 0; h <= kHops; ++h) {
-          const std::string rhs = h == 0 ? std::to_string(val) : "VAR " + chain[static_cast<size_t>(h - 1)];
-          sk.items.push_back({d[static_cast<size_t>(h)], "VAR " + chain[static_cast<size_t>(h)] + " = " + rhs + "."});
-        }
+        add_chain(chain, val);
       }
       sk.key_item = 0;
       // The answer traces the chain back to its number, one assignment per step ("VAR E = VAR D = ... = 12345"),
