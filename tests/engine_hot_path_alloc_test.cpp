@@ -82,7 +82,7 @@ long count_decode_allocs(Engine& engine, std::vector<std::unique_ptr<kv::Sequenc
       items[k].tokens = std::span<const int32_t>(&toks[k], 1);
       items[k].logits = logits.data() + k * static_cast<size_t>(V);
     }
-    if (!engine.forward().run(std::span<BatchItem>(items))) {
+    if (!engine.runner().forward().run(std::span<BatchItem>(items))) {
       g_counting = false;
       ADD_FAILURE() << "KV pool exhausted";
       return -1;
@@ -107,10 +107,10 @@ TEST(HotPath, DecodeStepsAllocateNothing) {
       Engine engine(*model, eo);
       std::vector<std::unique_ptr<kv::SequenceKv>> seqs;
       for (size_t k = 0; k < batch; ++k) {
-        seqs.push_back(engine.new_sequence());
+        seqs.push_back(engine.kv().new_sequence());
         const std::vector<int32_t> prompt = model->tokenizer().encode("Once upon a time there was a little dog", true);
         seqs.back()->reserve_slots(static_cast<int32_t>(prompt.size()) + 140);  // as generate / the scheduler do
-        engine.prefill(*seqs.back(), prompt, nullptr);
+        engine.runner().prefill(*seqs.back(), prompt, nullptr);
       }
       // Warm-up: scratch buffers reach their steady-state size; the steps cross page boundaries.
       ASSERT_EQ(count_decode_allocs(engine, seqs, 40) >= 0, true);

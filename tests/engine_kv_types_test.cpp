@@ -153,6 +153,6 @@ TEST(KvTypes, Q8_0PagesAre34Of64OfF16) {
     eo.kv_type = t;
     Engine e(*m, eo);
     const size_t want = 2u * 16 * (t == DType::F16 ? 64u : 34u);  // page 16 slots, head_dim 32
-    EXPECT_EQ(e.pool().page_bytes(), want) << kernels::kv_type_name(t);
+    EXPECT_EQ(e.kv().pool().page_bytes(), want) << kernels::kv_type_name(t);
   }
 }

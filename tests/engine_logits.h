@@ -22,7 +22,7 @@ inline std::vector<float> teacher_forced_logits(const Model& m, const std::vecto
   eo.kv_type = kv_type;
   eo.max_batch_tokens = chunk;
   Engine engine(m, eo);
-  auto kv = engine.new_sequence();
+  auto kv = engine.kv().new_sequence();
   std::vector<float> out(static_cast<size_t>(n) * V);
   for (int32_t t = 0; t < n; t += chunk) {
     BatchItem item;
@@ -30,7 +30,7 @@ inline std::vector<float> teacher_forced_logits(const Model& m, const std::vecto
     item.tokens = std::span<const int32_t>(toks.data() + t, static_cast<size_t>(std::min(chunk, n - t)));
     item.logits = out.data() + static_cast<size_t>(t) * V;
     item.all_logits = true;
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1))) throw std::runtime_error("forward failed");
+    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1))) throw std::runtime_error("forward failed");
   }
   return out;
 }

@@ -23,7 +23,7 @@ struct Collected {
 };
 using Results = std::map<uint64_t, Collected>;
 
-uint64_t submit(Scheduler& s, RequestSpec spec, Results& out) {
+uint64_t submit(Scheduler& s, Request spec, Results& out) {
   auto holder = std::make_shared<uint64_t>(0);
   const uint64_t id = s.submit(std::move(spec), [&out, holder](const RequestEvent& ev) {
     Collected& c = out[*holder];
@@ -31,10 +31,10 @@ uint64_t submit(Scheduler& s, RequestSpec spec, Results& out) {
       c.text += ev.text;
     } else {
       c.finished = true;
-      c.reason = ev.finish_reason;
-      c.completion = ev.completion_tokens;
-      c.cached = ev.cached_tokens;
-      c.preemptions = ev.preemptions;
+      c.reason = finish_reason_name(ev.finish);
+      c.completion = ev.stats.completion_tokens;
+      c.cached = ev.stats.cached_tokens;
+      c.preemptions = ev.stats.preemptions;
     }
   });
   *holder = id;
@@ -63,7 +63,7 @@ int64_t run_tracking_peak(Scheduler& sched, Engine& engine, const Results& out) 
     if (all) break;
     sched.step();
     EXPECT_EQ(sched.check_invariants(), "") << "step " << i;
-    peak = std::max(peak, engine.pool().used_pages());
+    peak = std::max(peak, engine.kv().pool().used_pages());
   }
   return peak;
 }
@@ -79,8 +79,8 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override { model = Model::load(kShared + "/models/stories260K.gguf"); }
 
-  RequestSpec spec(const std::string& prompt, int32_t n) const {
-    RequestSpec s;
+  Request spec(const std::string& prompt, int32_t n) const {
+    Request s;
     s.prompt = model->tokenizer().encode(prompt, true);
     s.max_tokens = n;
     s.sampling.temperature = 0;
@@ -88,7 +88,7 @@ class SchedulerTest : public ::testing::Test {
   }
   std::string single_run(const std::string& prompt, int32_t n) const {
     Engine e(*model, EngineOptions{});
-    GenerateRequest r;
+    Request r;
     r.prompt = model->tokenizer().encode(prompt, true);
     r.max_tokens = n;
     r.sampling.temperature = 0;
@@ -161,7 +161,7 @@ TEST_F(SchedulerTest, TinyPoolForcesPreemptionAndEveryRequestCompletesCorrectly)
     std::map<uint64_t, std::string> prompt_of;
     int prio = 0;
     for (const auto& p : kPrompts) {
-      RequestSpec s = spec(p, 80);
+      Request s = spec(p, 80);
       s.priority = prio++ % 3;
       prompt_of[submit(sched, s, out)] = p;
     }
@@ -174,7 +174,7 @@ TEST_F(SchedulerTest, TinyPoolForcesPreemptionAndEveryRequestCompletesCorrectly)
     }
     EXPECT_GT(preempted, 0) << preempt_name(pol);
     EXPECT_GT(sched.metrics().preemptions_lru + sched.metrics().preemptions_lfu + sched.metrics().preemptions_priority, 0);
-    EXPECT_EQ(engine.pool().used_pages(), 0);
+    EXPECT_EQ(engine.kv().pool().used_pages(), 0);
   }
 }
 
@@ -187,13 +187,13 @@ TEST_F(SchedulerTest, CancelFreesPagesAtTheNextStep) {
   const uint64_t a = submit(sched, spec("Once upon a time", 400), out);
   const uint64_t b = submit(sched, spec("The little dog", 20), out);
   for (int i = 0; i < 30; ++i) sched.step();
-  EXPECT_GT(engine.pool().used_pages(), 0);
+  EXPECT_GT(engine.kv().pool().used_pages(), 0);
   EXPECT_TRUE(out[b].finished);
   sched.cancel(a);
   sched.step();
   EXPECT_TRUE(out[a].finished);
   EXPECT_EQ(out[a].reason, "cancelled");
-  EXPECT_EQ(engine.pool().used_pages(), 0);
+  EXPECT_EQ(engine.kv().pool().used_pages(), 0);
   EXPECT_EQ(sched.metrics().requests_cancelled, 1);
 }
 
@@ -210,7 +210,7 @@ TEST_F(SchedulerTest, LongPromptPrefillNeverOvershootsBudgetPlusInterval) {
   std::string longp;
   for (int i = 0; i < 40; ++i) longp += kPrompts[static_cast<size_t>(i % 8)] + ". ";
   for (int i = 0; i < 2; ++i) {
-    RequestSpec s = spec(longp + kPrompts[static_cast<size_t>(i)], 40);
+    Request s = spec(longp + kPrompts[static_cast<size_t>(i)], 40);
     ASSERT_GT(s.prompt.size(), 300u);
     s.kv.policy = compress::PolicyKind::KNorm;
     s.kv.budget = 64;
@@ -231,7 +231,7 @@ TEST_F(SchedulerTest, CompressedSequencesStayNearTheirBudget) {
   Scheduler sched(engine, so);
   Results out;
   for (int i = 0; i < 3; ++i) {
-    RequestSpec s = spec(kPrompts[static_cast<size_t>(i)], 400);
+    Request s = spec(kPrompts[static_cast<size_t>(i)], 400);
     s.kv.policy = compress::PolicyKind::KNorm;
     s.kv.budget = 64;
     s.kv.interval = 32;

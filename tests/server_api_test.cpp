@@ -332,10 +332,10 @@ TEST(ApiResponses, OpenAIShapes) {
   EXPECT_EQ(k["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
   EXPECT_EQ(stream_chunk(m, "x", "", true)["choices"][0]["text"], "x");
 
-  EXPECT_EQ(openai_finish_reason("eos"), "stop");
-  EXPECT_EQ(openai_finish_reason("stop"), "stop");
-  EXPECT_EQ(openai_finish_reason("length"), "length");
-  EXPECT_EQ(openai_finish_reason("context"), "length");
+  EXPECT_EQ(openai_finish_reason(FinishReason::Eos), "stop");
+  EXPECT_EQ(openai_finish_reason(FinishReason::Stop), "stop");
+  EXPECT_EQ(openai_finish_reason(FinishReason::Length), "length");
+  EXPECT_EQ(openai_finish_reason(FinishReason::Context), "length");
   const std::string ev = sse_event(json{{"a", 1}});
   EXPECT_EQ(ev, "data: {\"a\":1}\n\n");
   EXPECT_NO_THROW(dump_json(json{{"t", std::string("ok\xE2\x82")}}));  // a flushed partial character
@@ -412,7 +412,7 @@ TEST(Channel, DeliversEventsAcrossThreadsAndWakesOnClose) {
     }
     RequestEvent fin;
     fin.kind = RequestEvent::Kind::Finished;
-    fin.finish_reason = "length";
+    fin.finish = FinishReason::Length;
     sink(fin);
   });
   std::string text;

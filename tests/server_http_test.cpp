@@ -187,7 +187,7 @@ class ServerTest : public ::testing::Test {
   GenerateResult reference(std::vector<int32_t> prompt, int32_t n, bool ignore_eos = false,
                            std::vector<std::string> stop = {}) const {
     Engine e(*model_, engine_options());
-    GenerateRequest r;
+    Request r;
     r.prompt = std::move(prompt);
     r.max_tokens = n;
     r.sampling.temperature = 0;
@@ -269,7 +269,7 @@ TEST_F(ServerTest, ConcurrentStreamsGiveTheSingleRequestGreedyTokens) {
   const Reply r = post(port, "/v1/completions", completion("Once upon a time", 300));
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.body["choices"][0]["text"], eos.text);
-  EXPECT_EQ(r.body["choices"][0]["finish_reason"], eos.stop_reason == "eos" ? "stop" : "length");
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], eos.finish == FinishReason::Eos ? "stop" : "length");
   json with_stop = completion("Once upon a time", 100);
   with_stop["stop"] = ".";
   const Reply s = post(port, "/v1/completions", with_stop);
@@ -363,7 +363,7 @@ TEST_F(ServerTest, ClientThatDisconnectsHasItsRequestCancelledAndPagesFreed) {
     const auto m = srv->scheduler().metrics();
     return m.requests_cancelled == 1 && m.running == 0;
   }, 10)) << "the stream's request was not cancelled";
-  EXPECT_EQ(engine->pool().used_pages(), 0);  // safe to read: the scheduler is idle (observed above)
+  EXPECT_EQ(engine->kv().pool().used_pages(), 0);  // safe to read: the scheduler is idle (observed above)
   EXPECT_EQ(srv->scheduler().metrics().requests_finished, 0);
   EXPECT_LT(srv->scheduler().metrics().generated_tokens, 500);
 
@@ -386,7 +386,7 @@ TEST_F(ServerTest, ClientThatDisconnectsHasItsRequestCancelledAndPagesFreed) {
     const auto m = srv->scheduler().metrics();
     return m.requests_cancelled == 2 && m.running == 0;
   }, 10)) << "the blocking request was not cancelled";
-  EXPECT_EQ(engine->pool().used_pages(), 0);
+  EXPECT_EQ(engine->kv().pool().used_pages(), 0);
   const std::string m1 = get(port, "/metrics").raw;
   EXPECT_EQ(metric(m1, "kvpack_requests_running"), 0);
   EXPECT_EQ(metric(m1, "kvpack_requests_cancelled_total"), 2);
@@ -538,10 +538,10 @@ TEST_F(ServerTest, MetricsAgreeWithThePoolAndTheScheduler) {
   const SchedulerMetrics sm = srv->scheduler().metrics();
   const std::string m = get(port, "/metrics").raw;
   // Pool gauges equal the pool's own counters (idle: the prefix cache may still hold blocks).
-  EXPECT_EQ(metric(m, "kvpack_kv_pages_total"), engine->pool().capacity());
-  EXPECT_EQ(metric(m, "kvpack_kv_pages_used"), engine->pool().used_pages());
-  EXPECT_EQ(metric(m, "kvpack_kv_pages_free"), engine->pool().free_pages());
-  EXPECT_EQ(metric(m, "kvpack_kv_resident_bytes"), static_cast<double>(engine->pool().used_bytes()));
+  EXPECT_EQ(metric(m, "kvpack_kv_pages_total"), engine->kv().pool().capacity());
+  EXPECT_EQ(metric(m, "kvpack_kv_pages_used"), engine->kv().pool().used_pages());
+  EXPECT_EQ(metric(m, "kvpack_kv_pages_free"), engine->kv().pool().free_pages());
+  EXPECT_EQ(metric(m, "kvpack_kv_resident_bytes"), static_cast<double>(engine->kv().pool().used_bytes()));
   // Compression counters equal the scheduler's.
   EXPECT_GT(sm.compression.freed_pages, 0);
   EXPECT_EQ(metric(m, "kvpack_kv_freed_pages_total"), sm.compression.freed_pages);

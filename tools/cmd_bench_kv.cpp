@@ -47,9 +47,9 @@ struct Timeline {
 
 Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_t chunk, const compress::CompressConfig* kv) {
   Timeline tl;
-  auto seq = engine.new_sequence();
+  auto seq = engine.kv().new_sequence();
   std::unique_ptr<compress::SequenceCompressor> comp;
-  if (kv) comp = std::make_unique<compress::SequenceCompressor>(*kv, engine.model().config(), engine.calibration(), 1, &engine.threads());
+  if (kv) comp = std::make_unique<compress::SequenceCompressor>(*kv, engine.model().config(), engine.calibration(), 1, &engine.runner().threads());
   const double t0 = now_s();
   for (size_t i = 0; i < stream.size(); i += static_cast<size_t>(chunk)) {
     const size_t n = std::min(stream.size() - i, static_cast<size_t>(chunk));
@@ -57,9 +57,9 @@ Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_
     item.kv = seq.get();
     item.tokens = std::span<const int32_t>(stream.data() + i, n);
     if (comp) comp->prepare(*seq, item);
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp.get())) throw std::runtime_error("KV pool exhausted");
+    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp.get())) throw std::runtime_error("KV pool exhausted");
     if (comp) comp->after_forward(*seq, false);
-    tl.bytes.push_back(seq->pages_held() * static_cast<int64_t>(engine.pool().page_bytes()));
+    tl.bytes.push_back(seq->pages_held() * static_cast<int64_t>(engine.kv().pool().page_bytes()));
     if ((i / static_cast<size_t>(chunk)) % 16 == 15)
       std::fprintf(stderr, "\r[kvpack]   %zu/%zu tokens", i + n, stream.size());
   }
@@ -99,7 +99,7 @@ double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compr
     item.tokens = std::span<const int32_t>(&tok, 1);
     item.logits = logits.data();
     if (comp) comp->prepare(seq, item);
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
+    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
     if (comp) comp->after_forward(seq, false);
     tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
@@ -194,13 +194,13 @@ void add_bench_kv(CLI::App& bench) {
     double step_time_at_budget = 0;
     for (int32_t depth : b->depths) {
       std::mt19937 r2(static_cast<uint32_t>(b->seed + depth));
-      auto f = engine.new_sequence();
+      auto f = engine.kv().new_sequence();
       fill_synthetic(*f, depth, r2);
       const double full_tps = decode_tok_s(engine, *f, b->decode_tokens, nullptr, r2);
       f.reset();
-      auto s = engine.new_sequence();
+      auto s = engine.kv().new_sequence();
       fill_synthetic(*s, std::min(depth, b->budget), r2);
-      compress::SequenceCompressor cs(kv, c, engine.calibration(), 1, &engine.threads());
+      compress::SequenceCompressor cs(kv, c, engine.calibration(), 1, &engine.runner().threads());
       const double comp_tps = decode_tok_s(engine, *s, b->decode_tokens, &cs, r2);
       if (depth == std::min(depth, b->budget)) step_time_at_budget = 1.0 / comp_tps;
       std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f\n", depth, full_tps, b->budget, comp_tps,

@@ -317,7 +317,7 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
     item.tokens = std::span<const int32_t>(&tok, 1);
     item.logits = logits.data();
     if (comp) comp->prepare(seq, item);
-    if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
+    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
     if (comp) comp->after_forward(seq, false);
     tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const double dt = now_s() - t0;
@@ -602,10 +602,10 @@ void add_bench_peer(CLI::App& bench) {
       for (int r = 0; r < 1 + b->reps; ++r)
         for (int k = 0; k < 2; ++k) {
           if ((r + k) % 2 == 0) {
-            auto seq = engine.new_sequence();
+            auto seq = engine.kv().new_sequence();
             const auto toks = random_tokens(P, c.n_vocab, rng);
             const double t0 = now_s();
-            engine.prefill(*seq, toks, logits.data());
+            engine.runner().prefill(*seq, toks, logits.data());
             if (r > 0) ks.push_back(now_s() - t0);
           } else if (peer.peer) {
             const json j = peer.peer->request({{"cmd", "prefill"}, {"n", P}, {"reps", 1}, {"warmup", 0}, {"seed", b->seed + r}});
@@ -641,19 +641,19 @@ void add_bench_peer(CLI::App& bench) {
       double kv_fill_s = 0;
       int32_t kv_filled = 0;
       if (b->kvpack_real_fill) {
-        if (!real_seq || real_seq->next_pos() > depth) real_seq = engine.new_sequence();
+        if (!real_seq || real_seq->next_pos() > depth) real_seq = engine.kv().new_sequence();
         const int32_t need = depth - real_seq->next_pos();
         if (need > 0) {
           std::fprintf(stderr, "[kvpack] filling the KV cache to %d tokens (%d more, real prefill)\n", depth, need);
           const auto toks = random_tokens(need, c.n_vocab, r2);
           const double t0 = now_s();
-          engine.prefill(*real_seq, toks, nullptr);
+          engine.runner().prefill(*real_seq, toks, nullptr);
           kv_fill_s = now_s() - t0;
           kv_filled = need;
         }
         seq = real_seq.get();
       } else {
-        synth = engine.new_sequence();
+        synth = engine.kv().new_sequence();
         fill_kv_synthetic(*synth, depth, b->seed + static_cast<uint64_t>(depth));
         seq = synth.get();
       }
@@ -708,9 +708,9 @@ void add_bench_peer(CLI::App& bench) {
         // kvpack compressed at this depth vs llama.cpp's full KV at the same depth (measured just above).
         // The sequence is filled to `depth` slots and compressed once (the state right after an event),
         // then decodes a whole interval (one more event inside the timed steps), mean step time.
-        auto cs = engine.new_sequence();
+        auto cs = engine.kv().new_sequence();
         fill_kv_synthetic(*cs, depth, b->seed + static_cast<uint64_t>(depth) + 1);
-        compress::SequenceCompressor comp(kvc, c, engine.calibration(), 1, &engine.threads());
+        compress::SequenceCompressor comp(kvc, c, engine.calibration(), 1, &engine.runner().threads());
         comp.compress(*cs);
         const int32_t n = std::max(b->decode_tokens, kvc.interval + 1);
         const int64_t events0 = comp.stats().events;

@@ -47,7 +47,7 @@ void add_generate(CLI::App& app) {
       ss << in.rdbuf();
       text = ss.str();
     }
-    GenerateRequest req;
+    Request req;
     req.prompt = tok.encode(text, tok.bos() >= 0);
     if (req.prompt.empty()) throw std::runtime_error("this model has no BOS token: give a prompt with -p or -f");
     req.max_tokens = *n;

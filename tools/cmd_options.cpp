@@ -95,9 +95,9 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine, const c
                "[kvpack] stats: prompt_tokens=%d generated=%zu stop=%s prefill_tok_s=%.1f decode_tok_s=%.1f "
                "kv_type=%s kv_pages_in_use=%lld kv_page_bytes=%zu resident_kv_bytes=%zu peak_resident_kv_bytes=%zu "
                "pool_reserved_bytes=%zu\n",
-               r.prompt_tokens, r.tokens.size(), r.stop_reason.c_str(), pre, dec,
-               kernels::kv_type_name(engine.pool().config().kv_type), static_cast<long long>(r.kv_pages_in_use),
-               engine.pool().page_bytes(), r.resident_kv_bytes, r.peak_resident_kv_bytes,
+               r.prompt_tokens, r.tokens.size(), finish_reason_name(r.finish), pre, dec,
+               kernels::kv_type_name(engine.kv().pool().config().kv_type), static_cast<long long>(r.kv_pages_in_use),
+               engine.kv().pool().page_bytes(), r.resident_kv_bytes, r.peak_resident_kv_bytes,
                r.pool_reserved_bytes);
   if (kv.enabled()) {
     const auto& c = r.compression;

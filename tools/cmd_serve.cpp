@@ -63,8 +63,8 @@ void add_serve(CLI::App& app) {
     const int port = srv.start();
     const std::string budget = opt.default_kv.enabled() ? " budget " + std::to_string(opt.default_kv.budget) : "";
     std::fprintf(stderr, "[kvpack] serving %s on http://%s:%d (kv pages %lld x %zu B %s, policy %s%s, max batch %d, max concurrent %d%s)\n",
-                 srv.options().model_id.c_str(), opt.host.c_str(), port, static_cast<long long>(engine.pool().capacity()),
-                 engine.pool().page_bytes(), kernels::kv_type_name(engine.pool().config().kv_type), compress::policy_name(opt.default_kv.policy),
+                 srv.options().model_id.c_str(), opt.host.c_str(), port, static_cast<long long>(engine.kv().pool().capacity()),
+                 engine.kv().pool().page_bytes(), kernels::kv_type_name(engine.kv().pool().config().kv_type), compress::policy_name(opt.default_kv.policy),
                  budget.c_str(),
                  opt.scheduler.max_running, opt.max_concurrent, opt.api_key.empty() ? "" : ", API key required");
     std::fflush(stderr);

@@ -50,6 +50,8 @@ class SequenceCompressor : public ForwardObserver {
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
   int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
   const CompressionStats& stats() const { return stats_; }
+  // Pages the sequence is accounted for (naive demonstration: what a non-compacting allocator holds).
+  int64_t accounted_pages(const kv::SequenceKv& kv) const { return kv.pages_held(); }
 
   void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) override;
 

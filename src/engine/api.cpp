@@ -44,7 +44,7 @@ std::unique_ptr<Session> Session::open(const SessionOptions& o) {
 std::string Session::generate(const std::string& prompt, const GenerateOptions& o,
                               const std::function<bool(std::string_view)>& on_text, GenerateStats* stats) {
   const Tokenizer& tok = impl_->model->tokenizer();
-  GenerateRequest req;
+  Request req;
   req.prompt = tok.encode(prompt, o.add_bos && tok.bos() >= 0);
   if (req.prompt.empty()) throw std::invalid_argument("empty prompt and the model has no BOS token");
   req.max_tokens = o.max_tokens;
@@ -60,7 +60,7 @@ std::string Session::generate(const std::string& prompt, const GenerateOptions& 
   if (stats) {
     stats->prompt_tokens = r.prompt_tokens;
     stats->generated_tokens = static_cast<int32_t>(r.tokens.size());
-    stats->stop_reason = r.stop_reason;
+    stats->stop_reason = finish_reason_name(r.finish);
     stats->prefill_tokens_per_s = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
     stats->decode_tokens_per_s = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
     stats->resident_kv_bytes = r.resident_kv_bytes;

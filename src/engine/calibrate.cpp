@@ -17,12 +17,12 @@ compress::QueryStats calibrate(const Model& model, std::span<const int32_t> toke
     std::vector<int32_t> w;
     if (bos >= 0) w.push_back(bos);
     w.insert(w.end(), tokens.begin() + static_cast<long>(i), tokens.begin() + static_cast<long>(std::min(tokens.size(), i + win)));
-    auto kv = engine.new_sequence();
+    auto kv = engine.kv().new_sequence();
     for (size_t j = 0; j < w.size(); j += chunk) {
       BatchItem item;
       item.kv = kv.get();
       item.tokens = std::span<const int32_t>(w.data() + j, std::min(w.size() - j, chunk));
-      if (!engine.forward().run(std::span<BatchItem>(&item, 1), &cal)) throw std::runtime_error("KV cache exhausted during calibration");
+      if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), &cal)) throw std::runtime_error("KV cache exhausted during calibration");
     }
   }
   return cal.finish();

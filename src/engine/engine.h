@@ -1,6 +1,9 @@
-// The engine: a model plus the KV page pool, a thread pool and the forward-pass scratch, and the
-// single-sequence generation loop the CLI uses. (Batched serving builds on the same parts.)
-// Thread-safety: an Engine is driven by one thread at a time.
+// The engine: a model with its KV manager (page pool + prefix cache), its model runner (forward pass
+// and thread pool) and the TriAttention calibration shared by requests. Requests run through a
+// Scheduler (engine/scheduler.h); generate() is the synchronous way in — a one-request scheduler driven
+// to completion on the calling thread, so the CLI, the Session API and eval run the same loop as the
+// server.
+// Thread-safety: an Engine is driven by one thread at a time (one scheduler at a time).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -12,10 +15,10 @@
 #include "compress/calibration.h"
 #include "compress/compressor.h"
 #include "compress/config.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
 #include "engine/sampler.h"
-#include "kv/page_pool.h"
-#include "kv/sequence_kv.h"
-#include "model/forward.h"
+#include "kv/kv_manager.h"
 #include "model/model.h"
 #include "util/thread_pool.h"
 
@@ -29,19 +32,11 @@ struct EngineOptions {
   int32_t max_batch_tokens = 256;  // prefill chunk / batch size per forward call
 };
 
-struct GenerateRequest {
-  std::vector<int32_t> prompt;  // must be non-empty (BOS at least, for models that use it)
-  int32_t max_tokens = 128;
-  SamplingParams sampling;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  compress::CompressConfig kv;  // KV compression (policy "full" = none)
-};
-
+// What generate() returns: the tokens and text, how it ended, and the request's figures.
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated token ids
   std::string text;
-  std::string stop_reason;  // "length", "eos", "stop", "context", "cancelled"
+  FinishReason finish = FinishReason::Length;
   int32_t prompt_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   int32_t decode_steps = 0;  // forward passes during decode (tokens/s = decode_steps / decode_seconds)
@@ -58,33 +53,25 @@ class Engine {
 
   const Model& model() const { return *model_; }
   const EngineOptions& options() const { return opt_; }
-  kv::PagePool& pool() { return pool_; }
-  const kv::PagePool& pool() const { return pool_; }
-  Forward& forward() { return forward_; }
-  ThreadPool& threads() { return threads_; }
-  std::unique_ptr<kv::SequenceKv> new_sequence();
-
-  // Prefills `tokens` into kv in chunks of max_batch_tokens; logits of the last token into `logits`
-  // (may be nullptr). With a compressor, compression runs between chunks when the schedule says so,
-  // and chunks end where the next event fires, so a long prompt never holds more than budget + interval
-  // slots per stream (plus protected ones). Returns the peak pages held.
-  // Throws std::runtime_error if the pool is exhausted.
-  int64_t prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
-                  compress::SequenceCompressor* comp = nullptr);
+  kv::KvManager& kv() { return kv_; }
+  const kv::KvManager& kv() const { return kv_; }
+  ModelRunner& runner() { return runner_; }
 
   // TriAttention statistics for requests that use it (loaded once, shared by all sequences).
   void set_calibration(compress::QueryStats stats) { calib_ = std::make_unique<compress::QueryStats>(std::move(stats)); }
   const compress::QueryStats* calibration() const { return calib_.get(); }
 
-  // Generates text; on_text receives printable text as it is produced and returns false to cancel.
-  GenerateResult generate(const GenerateRequest& req, const std::function<bool(std::string_view)>& on_text);
+  // Runs one request to completion; on_text receives printable text as it is produced and returns false
+  // to cancel. Throws std::invalid_argument for a request that cannot run and std::runtime_error when it
+  // fails (e.g. the KV pool is too small for it).
+  GenerateResult generate(const Request& req, const std::function<bool(std::string_view)>& on_text);
 
  private:
   const Model* model_;
   EngineOptions opt_;
   ThreadPool threads_;
-  kv::PagePool pool_;
-  Forward forward_;
+  kv::KvManager kv_;
+  ModelRunner runner_;
   std::unique_ptr<compress::QueryStats> calib_;
 };
 

@@ -9,6 +9,18 @@ namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Length: return "length";
+    case FinishReason::Eos: return "eos";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Context: return "context";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
 PreemptPolicy parse_preempt(const std::string& s) {
   if (s == "lru") return PreemptPolicy::LRU;
   if (s == "lfu") return PreemptPolicy::LFU;
@@ -33,69 +45,42 @@ void Histogram::observe(double v) {
   ++count;
 }
 
-struct Scheduler::Seq {
-  uint64_t id = 0;
-  RequestSpec spec;
-  EventSink sink;
-  std::unique_ptr<kv::SequenceKv> kv;
-  std::unique_ptr<compress::SequenceCompressor> comp;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<TextStream> text;
-  std::vector<int32_t> tokens;  // prompt + generated; the last one may not be in the KV yet
-  int32_t n_prompt = 0;
-  int32_t n_computed = 0;       // tokens of `tokens` whose K/V were computed (or attached)
-  int32_t n_generated = 0;
-  int32_t prev_token = -1;
-  int32_t cached_tokens = 0;
-  int32_t registered_blocks = 0;
-  int32_t preemptions = 0;
-  uint64_t arrival = 0;         // submit order
-  uint64_t admitted_step = 0;   // last (re)admission (lru)
-  double t_submit = 0, t_last_token = 0;
-  bool first_token_done = false;
-  bool cancelled = false;
-  compress::CompressionStats comp_before;  // compression stats of earlier incarnations (preemption)
-};
-
-Scheduler::Scheduler(Engine& engine, const SchedulerOptions& opt)
-    : engine_(&engine), opt_(opt),
-      n_streams_(engine.model().config().n_layer * engine.model().config().n_head_kv) {
-  opt_.step_tokens = std::min(opt_.step_tokens, engine.forward().max_batch_tokens());
+Scheduler::Scheduler(Engine& engine, const SchedulerOptions& opt) : engine_(&engine), kv_(&engine.kv()), opt_(opt) {
+  opt_.step_tokens = std::min(opt_.step_tokens, engine.runner().max_batch_tokens());
   if (opt_.step_tokens < 1 || opt_.max_running < 1) throw std::invalid_argument("scheduler: step_tokens and max_running must be >= 1");
-  if (opt_.prefix_cache) cache_ = std::make_unique<kv::PrefixCache>(engine.pool(), n_streams_, opt_.model_salt);
-  logits_.resize(static_cast<size_t>(opt_.step_tokens) * engine.model().config().n_vocab);
 }
 
 Scheduler::~Scheduler() {
   stop();
-  // Sequences release their pages before the cache and the pool go away.
+  // Sequences release their pages while the KV manager is still there.
   running_.clear();
   waiting_.clear();
   incoming_.clear();
-  cache_.reset();
 }
 
-uint64_t Scheduler::submit(RequestSpec spec, EventSink sink) {
+uint64_t Scheduler::submit(Request req, EventSink sink) {
   const ModelConfig& c = engine_->model().config();
-  if (spec.prompt.empty()) throw std::invalid_argument("empty prompt");
-  if (static_cast<int64_t>(spec.prompt.size()) >= c.n_ctx)
-    throw std::invalid_argument("prompt has " + std::to_string(spec.prompt.size()) + " tokens; the context is " + std::to_string(c.n_ctx));
-  for (int32_t t : spec.prompt)
+  if (req.prompt.empty()) throw std::invalid_argument("empty prompt (it needs at least one token, e.g. BOS)");
+  if (static_cast<int64_t>(req.prompt.size()) > c.n_ctx)
+    throw std::invalid_argument("prompt has " + std::to_string(req.prompt.size()) + " tokens; the context is " + std::to_string(c.n_ctx));
+  for (int32_t t : req.prompt)
     if (t < 0 || t >= c.n_vocab) throw std::invalid_argument("token id " + std::to_string(t) + " out of range");
-  if (spec.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
-  auto s = std::make_unique<Seq>();
+  if (req.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  auto s = std::make_unique<Sequence>();
   // Constructing the compressor validates the KV config (budget vs window, calibration present).
-  s->comp = spec.kv.enabled() ? std::make_unique<compress::SequenceCompressor>(spec.kv, c, engine_->calibration(),
-                                                                               static_cast<int32_t>(spec.prompt.size()), &engine_->threads())
-                              : nullptr;
-  s->spec = std::move(spec);
+  s->comp = req.kv.enabled() ? std::make_unique<compress::SequenceCompressor>(req.kv, c, engine_->calibration(),
+                                                                              static_cast<int32_t>(req.prompt.size()),
+                                                                              &engine_->runner().threads())
+                             : nullptr;
+  s->req = std::move(req);
   s->sink = std::move(sink);
-  s->tokens = s->spec.prompt;
+  s->tokens = s->req.prompt;
   s->n_prompt = static_cast<int32_t>(s->tokens.size());
   s->prev_token = s->tokens.back();
-  s->sampler = std::make_unique<Sampler>(s->spec.sampling, c.n_vocab);
-  s->text = std::make_unique<TextStream>(s->spec.stop);
+  s->sampler = std::make_unique<Sampler>(s->req.sampling, c.n_vocab);
+  s->text = std::make_unique<TextStream>(s->req.stop);
   s->t_submit = now_s();
+  s->stats.prompt_tokens = s->n_prompt;
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<int64_t>(incoming_.size()) + metrics_.waiting >= opt_.max_waiting) return 0;
   s->id = next_id_++;
@@ -129,10 +114,10 @@ void Scheduler::intake() {
       if (s->id == id) s->cancelled = true;
   }
   // Cancelled requests leave now: their pages go back before anything else is scheduled.
-  auto drop_cancelled = [&](std::vector<std::unique_ptr<Seq>>& v) {
+  auto drop_cancelled = [&](std::vector<std::unique_ptr<Sequence>>& v) {
     for (auto it = v.begin(); it != v.end();) {
       if ((*it)->cancelled) {
-        finish(it->get(), "cancelled");
+        finish(it->get(), FinishReason::Cancelled);
         it = v.erase(it);
       } else {
         ++it;
@@ -143,58 +128,56 @@ void Scheduler::intake() {
   drop_cancelled(waiting_);
 }
 
-int64_t Scheduler::projected_pages(const Seq& s) const {
-  const int32_t ps = engine_->pool().config().page_size;
-  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.spec.max_tokens - s.n_generated,
+int64_t Scheduler::projected_pages(const Sequence& s) const {
+  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated,
                                              engine_->model().config().n_ctx);
   int64_t len = full_len;
-  if (s.spec.kv.enabled()) {
+  if (s.req.kv.enabled()) {
     // Compression keeps a sequence at most budget + interval (prefill chunks stop where the next event
     // fires); protected slots — a prompt under protect_prompt, a shared prefix from the cache — can hold
     // it above the budget, and then the next event waits a full interval beyond them.
-    int64_t floor = s.spec.kv.budget;
-    if (s.spec.kv.protect_prompt) floor = std::max<int64_t>(floor, s.n_prompt);
-    floor = std::max<int64_t>(floor, s.cached_tokens);
-    len = std::min<int64_t>(full_len, floor + s.spec.kv.interval);
+    int64_t floor = s.req.kv.budget;
+    if (s.req.kv.protect_prompt) floor = std::max<int64_t>(floor, s.n_prompt);
+    floor = std::max<int64_t>(floor, s.stats.cached_tokens);
+    len = std::min<int64_t>(full_len, floor + s.req.kv.interval);
   }
-  return n_streams_ * ((len + ps - 1) / ps + (s.spec.kv.enabled() ? 1 : 0));
+  return kv_->pages_for_slots(len, s.req.kv.enabled());
 }
 
 void Scheduler::admit() {
-  auto& pool = engine_->pool();
   int64_t reserved = 0;
   for (const auto& s : running_) reserved += projected_pages(*s);
   // Waiting sequences in arrival order (preempted ones keep their original place).
   std::stable_sort(waiting_.begin(), waiting_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
   for (auto it = waiting_.begin(); it != waiting_.end() && static_cast<int32_t>(running_.size()) < opt_.max_running;) {
-    Seq& s = **it;
+    Sequence& s = **it;
     const int64_t need = projected_pages(s);
     bool ok;
     if (opt_.reserve_admission) {
-      ok = reserved + need <= pool.capacity() || running_.empty();
+      ok = reserved + need <= kv_->capacity() || running_.empty();
     } else {
-      const int32_t ps = pool.config().page_size;
-      const int64_t prompt_pages = n_streams_ * ((static_cast<int64_t>(s.tokens.size()) + ps - 1) / ps);
-      ok = pool.free_pages() - prompt_pages >= static_cast<int64_t>(opt_.watermark * static_cast<double>(pool.capacity())) ||
+      const int64_t prompt_pages = kv_->pages_for_slots(static_cast<int64_t>(s.tokens.size()), false);
+      ok = kv_->free_pages() - prompt_pages >= static_cast<int64_t>(opt_.watermark * static_cast<double>(kv_->capacity())) ||
            running_.empty();
     }
     if (!ok) break;  // FCFS: do not let later requests overtake
-    s.kv = engine_->new_sequence();
     // Page tables sized for the projected length up front, so decode steps do not reallocate them.
-    s.kv->reserve_slots(static_cast<int32_t>(need / n_streams_ * pool.config().page_size));
+    s.kv = kv_->new_sequence(static_cast<int32_t>(need / kv_->n_streams() * kv_->page_size()));
     s.n_computed = 0;
     s.registered_blocks = 0;
-    if (cache_) {
-      s.n_computed = cache_->attach(*s.kv, s.tokens, s.spec.cache_salt);
-      s.registered_blocks = s.n_computed / pool.config().page_size;
-      if (s.preemptions == 0) s.cached_tokens = s.n_computed;
+    if (opt_.prefix_cache) {
+      s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt);
+      s.registered_blocks = s.n_computed / kv_->page_size();
+      if (s.stats.preemptions == 0) s.stats.cached_tokens = s.n_computed;
     }
-    if (s.comp) {  // a resumed sequence starts its compressor afresh (its KV is recomputed from text)
+    if (s.comp && s.stats.preemptions > 0) {  // a resumed sequence starts its compressor afresh (KV recomputed from text)
       s.comp_before.add(s.comp->stats());
-      s.comp = std::make_unique<compress::SequenceCompressor>(s.spec.kv, engine_->model().config(), engine_->calibration(),
-                                                              s.n_prompt, &engine_->threads());
+      s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
+                                                              s.n_prompt, &engine_->runner().threads());
     }
-    if (s.preemptions == 0) {
+    if (s.stats.preemptions == 0) {
+      s.t_admitted = now_s();
+      s.stats.queue_seconds = s.t_admitted - s.t_submit;
       std::lock_guard<std::mutex> lock(mu_);
       metrics_.prompt_tokens += s.n_prompt;
     }
@@ -205,16 +188,15 @@ void Scheduler::admit() {
   }
 }
 
-void Scheduler::preempt(Seq* s, const char* why) {
-  ++s->preemptions;
+void Scheduler::preempt(Sequence* s) {
+  ++s->stats.preemptions;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (opt_.preempt == PreemptPolicy::LRU) ++metrics_.preemptions_lru;
     else if (opt_.preempt == PreemptPolicy::LFU) ++metrics_.preemptions_lfu;
     else ++metrics_.preemptions_priority;
   }
-  (void)why;
-  s->kv.reset();  // all pages back (shared ones stay with the cache)
+  s->kv.reset();  // all pages back (cached ones stay findable as cached-free pages)
   s->n_computed = 0;
   for (auto it = running_.begin(); it != running_.end(); ++it)
     if (it->get() == s) {
@@ -224,15 +206,15 @@ void Scheduler::preempt(Seq* s, const char* why) {
     }
 }
 
-Scheduler::Seq* Scheduler::pick_victim() const {
+Sequence* Scheduler::pick_victim() const {
   if (running_.size() <= 1) return nullptr;
   // Never the oldest running sequence: someone must make progress.
-  const Seq* oldest = running_.front().get();
+  const Sequence* oldest = running_.front().get();
   for (const auto& s : running_)
     if (s->arrival < oldest->arrival) oldest = s.get();
-  Seq* victim = nullptr;
+  Sequence* victim = nullptr;
   for (const auto& sp : running_) {
-    Seq* s = sp.get();
+    Sequence* s = sp.get();
     if (s == oldest) continue;
     if (victim == nullptr) {
       victim = s;
@@ -248,8 +230,8 @@ Scheduler::Seq* Scheduler::pick_victim() const {
         better = s->n_computed < victim->n_computed || (s->n_computed == victim->n_computed && s->arrival > victim->arrival);
         break;
       case PreemptPolicy::Priority:  // lowest priority; among equals the newest arrival
-        better = s->spec.priority < victim->spec.priority ||
-                 (s->spec.priority == victim->spec.priority && s->arrival > victim->arrival);
+        better = s->req.priority < victim->req.priority ||
+                 (s->req.priority == victim->req.priority && s->arrival > victim->arrival);
         break;
     }
     if (better) victim = s;
@@ -257,8 +239,8 @@ Scheduler::Seq* Scheduler::pick_victim() const {
   return victim;
 }
 
-void Scheduler::finish(Seq* s, const std::string& reason) {
-  if (reason != "cancelled" && reason.rfind("error", 0) != 0) {
+void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& error) {
+  if (reason != FinishReason::Cancelled && reason != FinishReason::Error) {
     const std::string rest = s->text->flush();
     if (!rest.empty() && s->sink) {
       RequestEvent ev;
@@ -268,24 +250,36 @@ void Scheduler::finish(Seq* s, const std::string& reason) {
   }
   RequestEvent ev;
   ev.kind = RequestEvent::Kind::Finished;
-  ev.finish_reason = reason;
-  ev.prompt_tokens = s->n_prompt;
-  ev.completion_tokens = s->n_generated;
-  ev.cached_tokens = s->cached_tokens;
-  ev.preemptions = s->preemptions;
-  if (s->comp) finished_compression_.add(s->comp->stats());
-  finished_compression_.add(s->comp_before);
+  ev.finish = reason;
+  ev.error = error;
+  ev.tokens.assign(s->tokens.begin() + s->n_prompt, s->tokens.end());
+  RequestStats& st = s->stats;
+  st.completion_tokens = s->n_generated;
+  if (s->kv) st.kv_pages_in_use = s->comp ? s->comp->accounted_pages(*s->kv) : s->kv->pages_held();
+  if (s->first_token_done()) st.decode_seconds = now_s() - s->t_first_token;
+  st.compression = s->comp_before;
+  if (s->comp) st.compression.add(s->comp->stats());
+  finished_compression_.add(st.compression);
+  ev.stats = st;
   s->kv.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reason == "cancelled") ++metrics_.requests_cancelled;
-    else if (reason.rfind("error", 0) == 0) ++metrics_.requests_failed;
+    if (reason == FinishReason::Cancelled) ++metrics_.requests_cancelled;
+    else if (reason == FinishReason::Error) ++metrics_.requests_failed;
     else ++metrics_.requests_finished;
   }
   if (s->sink) s->sink(ev);
 }
 
-void Scheduler::emit_tokens(Seq& s, int32_t token) {
+void Scheduler::remove_running(Sequence* s) {
+  for (auto it = running_.begin(); it != running_.end(); ++it)
+    if (it->get() == s) {
+      running_.erase(it);
+      return;
+    }
+}
+
+void Scheduler::emit_token(Sequence& s, int32_t token) {
   const Tokenizer& tok = engine_->model().tokenizer();
   const std::string piece = tok.piece_after(s.prev_token, token);
   s.prev_token = token;
@@ -293,11 +287,10 @@ void Scheduler::emit_tokens(Seq& s, int32_t token) {
   const double t = now_s();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!s.first_token_done) metrics_.ttft.observe(t - s.t_submit);
+    if (!s.first_token_done()) metrics_.ttft.observe(t - s.t_submit);
     else metrics_.itl.observe(t - s.t_last_token);
     ++metrics_.generated_tokens;
   }
-  s.first_token_done = true;
   s.t_last_token = t;
   if (s.sink && !text.empty()) {
     RequestEvent ev;
@@ -307,91 +300,69 @@ void Scheduler::emit_tokens(Seq& s, int32_t token) {
   }
 }
 
-bool Scheduler::step() {
+bool Scheduler::schedule(StepPlan& plan) {
+  plan.clear();
   intake();
   admit();
-  if (running_.empty()) {
-    publish_metrics();
-    return false;
-  }
-  ++step_no_;
+  if (running_.empty()) return false;
+  plan.step = ++step_no_;
   // Decodes first (one token each), then prefill chunks in arrival order, within the token budget.
-  std::vector<Seq*> order;
-  for (auto& s : running_) order.push_back(s.get());
-  std::stable_sort(order.begin(), order.end(), [](const Seq* a, const Seq* b) {
-    const bool da = static_cast<int32_t>(a->tokens.size()) - a->n_computed == 1;
-    const bool db = static_cast<int32_t>(b->tokens.size()) - b->n_computed == 1;
+  order_.clear();
+  for (auto& s : running_) order_.push_back(s.get());
+  std::stable_sort(order_.begin(), order_.end(), [](const Sequence* a, const Sequence* b) {
+    const bool da = a->pending() == 1, db = b->pending() == 1;
     if (da != db) return da;
     return a->arrival < b->arrival;
   });
-  // Pick the batch and its chunk sizes; if its pages do not fit, free cached blocks, then preempt
-  // and re-plan (chunk sizes change when a sequence leaves the batch).
-  std::vector<Seq*> batch;
-  std::vector<int32_t> chunk;
+  // The batch and its chunk sizes; if its pages cannot be had (cached-free pages count), preempt and
+  // re-plan (chunk sizes change when a sequence leaves the batch).
   for (;;) {
-    batch.clear();
-    chunk.clear();
+    plan.clear();
     int32_t budget = opt_.step_tokens;
     int64_t need = 0;
-    for (Seq* s : order) {
+    for (Sequence* s : order_) {
       if (s->kv == nullptr) continue;  // preempted during this planning
-      const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->n_computed;
+      const int32_t pending = s->pending();
       if (pending <= 0 || budget <= 0) continue;
       // A compressed sequence's prefill chunk ends where its next compression event fires, so it never
       // holds more than budget + interval (what admission projected for it).
       const int32_t n = std::min({pending, budget, s->comp ? s->comp->tokens_until_trigger(*s->kv) : pending});
       budget -= n;
       need += s->kv->pages_needed(n);
-      batch.push_back(s);
-      chunk.push_back(n);
+      StepPlan::Item it;
+      it.seq = s;
+      it.begin = s->n_computed;
+      it.n = n;
+      it.logits = n == pending;
+      if (it.logits) it.logits_row = plan.n_logits++;
+      it.decode = s->first_token_done();
+      plan.items.push_back(it);
     }
-    if (engine_->pool().free_pages() >= need) break;
-    if (cache_ && cache_->evict_until_free(need) > 0) continue;
-    Seq* victim = pick_victim();
+    if (kv_->can_allocate(need)) break;
+    Sequence* victim = pick_victim();
     if (victim == nullptr) {
       // Even the oldest sequence alone cannot get its pages: the pool is too small for it.
-      Seq* s = running_.front().get();
-      finish(s, "error: KV cache too small for this request (" + std::to_string(engine_->pool().capacity()) + " pages)");
+      Sequence* s = running_.front().get();
+      finish(s, FinishReason::Error, "KV cache too small for this request (" + std::to_string(kv_->capacity()) + " pages)");
       running_.erase(running_.begin());
-      return true;
+      plan.clear();
+      return true;  // work was done (a request ended); the plan is empty
     }
-    preempt(victim, preempt_name(opt_.preempt));
+    preempt(victim);
   }
-  std::vector<BatchItem> items;
-  int32_t logit_rows = 0;
-  const int32_t V = engine_->model().config().n_vocab;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Seq* s = batch[i];
-    const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->n_computed;
-    BatchItem it;
-    it.kv = s->kv.get();
-    it.tokens = std::span<const int32_t>(s->tokens.data() + s->n_computed, static_cast<size_t>(chunk[i]));
-    if (chunk[i] == pending) it.logits = logits_.data() + static_cast<size_t>(logit_rows++) * V;
-    if (s->comp) s->comp->prepare(*s->kv, it);
-    items.push_back(it);
-  }
-  struct Mux : ForwardObserver {
-    std::vector<ForwardObserver*> obs;
-    void on_query_pre_rope(int32_t b, int32_t l, const float* q, int32_t n, int64_t st) override {
-      if (obs[static_cast<size_t>(b)]) obs[static_cast<size_t>(b)]->on_query_pre_rope(0, l, q, n, st);
-    }
-    void on_query_post_rope(int32_t b, int32_t l, const float* q, int32_t n, int64_t st) override {
-      if (obs[static_cast<size_t>(b)]) obs[static_cast<size_t>(b)]->on_query_post_rope(0, l, q, n, st);
-    }
-  } mux;
-  bool any_obs = false;
-  for (Seq* s : batch) {
-    mux.obs.push_back(s->comp.get());
-    any_obs |= s->comp != nullptr;
-  }
-  if (!engine_->forward().run(items, any_obs ? &mux : nullptr))
-    throw std::logic_error("scheduler: forward refused a batch after make_room");
+  return true;
+}
 
-  std::vector<Seq*> done;
-  std::vector<std::pair<Seq*, std::string>> failed;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Seq& s = *batch[i];
-    s.n_computed += chunk[i];
+void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
+  const ModelConfig& c = engine_->model().config();
+  const Tokenizer& tok = engine_->model().tokenizer();
+  const size_t V = static_cast<size_t>(c.n_vocab);
+  done_.clear();
+  for (const StepPlan::Item& item : plan.items) {
+    Sequence& s = *item.seq;
+    s.n_computed += item.n;
+    if (item.decode) ++s.stats.decode_steps;
+    s.stats.peak_kv_pages = std::max(s.stats.peak_kv_pages, s.comp ? s.comp->accounted_pages(*s.kv) : s.kv->pages_held());
     const bool prefill_done = s.n_computed == static_cast<int32_t>(s.tokens.size());
     // Register full blocks with the prefix cache while the KV still mirrors the token sequence.
     // Registered pages are shared, and shared pages are never evicted or rewritten, so a compressed
@@ -400,12 +371,11 @@ bool Scheduler::step() {
     // budget once for all sessions, while a long document stays compressible. Any sequence may reuse
     // blocks that others registered.
     const bool may_register =
-        !s.comp || (s.comp->stats().events == 0 && (s.spec.kv.protect_prompt || s.n_prompt <= s.spec.kv.budget));
-    if (cache_ && may_register) {
-      const int32_t ps = engine_->pool().config().page_size;
-      const int32_t full = (s.comp ? std::min(s.n_computed, s.n_prompt) : s.n_computed) / ps;
+        !s.comp || (s.comp->stats().events == 0 && (s.req.kv.protect_prompt || s.n_prompt <= s.req.kv.budget));
+    if (opt_.prefix_cache && may_register) {
+      const int32_t full = (s.comp ? std::min(s.n_computed, s.n_prompt) : s.n_computed) / kv_->page_size();
       if (full > s.registered_blocks) {
-        cache_->register_blocks(*s.kv, s.tokens, full, s.spec.cache_salt);
+        kv_->register_blocks(*s.kv, s.tokens, full, s.req.cache_salt);
         s.registered_blocks = full;
       }
     }
@@ -413,58 +383,56 @@ bool Scheduler::step() {
       try {
         s.comp->after_forward(*s.kv, prefill_done && s.n_generated == 0);
       } catch (const std::exception& e) {  // fail this request only, not the batch
-        failed.emplace_back(&s, std::string("error: compression failed: ") + e.what());
+        finish(&s, FinishReason::Error, std::string("compression failed: ") + e.what());
+        remove_running(&s);
         continue;
       }
     }
     if (!prefill_done) continue;
     // Sample the next token from this sequence's logits.
-    float* lg = const_cast<float*>(items[i].logits);
+    float* lg = logits.data() + static_cast<size_t>(item.logits_row) * V;
     const int32_t next = s.sampler->sample(lg, s.tokens);
-    const Tokenizer& tok = engine_->model().tokenizer();
-    if (s.spec.max_tokens == 0) {
-      done.push_back(&s);
+    if (s.req.max_tokens == 0) {
+      s.ending = FinishReason::Length;
+      done_.push_back(&s);
       continue;
     }
-    if (!s.spec.ignore_eos && tok.is_eog(next)) {
-      s.text->flush();
-      done.push_back(&s);
-      s.prev_token = -2;  // marks eos
+    if (!s.req.ignore_eos && tok.is_eog(next)) {  // the end-of-generation token itself is not emitted
+      s.ending = FinishReason::Eos;
+      done_.push_back(&s);
       continue;
     }
     s.tokens.push_back(next);
     ++s.n_generated;
-    emit_tokens(s, next);
-    if (s.text->stopped() || s.n_generated >= s.spec.max_tokens ||
-        static_cast<int64_t>(s.tokens.size()) >= engine_->model().config().n_ctx)
-      done.push_back(&s);
+    const bool first = !s.first_token_done();
+    emit_token(s, next);
+    if (first) {
+      s.t_first_token = s.t_last_token;
+      s.stats.prefill_seconds = s.t_first_token - s.t_admitted;
+    }
+    if (s.text->stopped()) s.ending = FinishReason::Stop;
+    else if (s.n_generated >= s.req.max_tokens) s.ending = FinishReason::Length;
+    else if (static_cast<int64_t>(s.tokens.size()) >= c.n_ctx) s.ending = FinishReason::Context;
+    if (s.ending) done_.push_back(&s);
   }
-  for (auto& [s, why] : failed) {
-    finish(s, why);
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == s) {
-        running_.erase(it);
-        break;
-      }
+  for (Sequence* s : done_) {
+    finish(s, *s->ending);
+    remove_running(s);
   }
-  for (Seq* s : done) {
-    std::string reason = "length";
-    if (s->prev_token == -2) reason = "eos";
-    else if (s->text->stopped()) reason = "stop";
-    else if (s->n_generated < s->spec.max_tokens && s->spec.max_tokens > 0) reason = "context";
-    finish(s, reason);
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == s) {
-        running_.erase(it);
-        break;
-      }
+}
+
+bool Scheduler::step() {
+  if (!schedule(plan_)) {
+    publish_metrics();
+    return false;
   }
+  if (!plan_.items.empty()) update(plan_, engine_->runner().execute(plan_));
   publish_metrics();
   return true;
 }
 
 void Scheduler::publish_metrics() {
-  auto& pool = engine_->pool();
+  const kv::KvUsage u = kv_->usage();
   compress::CompressionStats cs = finished_compression_;
   for (auto& s : running_) {
     if (s->comp) cs.add(s->comp->stats());
@@ -472,17 +440,18 @@ void Scheduler::publish_metrics() {
   }
   for (auto& s : waiting_) cs.add(s->comp_before);
   std::lock_guard<std::mutex> lock(mu_);
-  metrics_.pages_total = pool.capacity();
-  metrics_.pages_used = pool.used_pages();
-  metrics_.pages_free = pool.free_pages();
-  metrics_.page_bytes = pool.page_bytes();
-  metrics_.resident_kv_bytes = pool.used_bytes();
+  metrics_.pages_total = u.pages_total;
+  metrics_.pages_used = u.pages_used;
+  metrics_.pages_free = u.pages_free;
+  metrics_.pages_cached_free = u.pages_cached_free;
+  metrics_.page_bytes = u.page_bytes;
+  metrics_.resident_kv_bytes = u.used_bytes;
   metrics_.running = static_cast<int64_t>(running_.size());
   metrics_.waiting = static_cast<int64_t>(waiting_.size());
   metrics_.peak_running = std::max(metrics_.peak_running, metrics_.running);
   metrics_.steps = static_cast<int64_t>(step_no_);
   metrics_.compression = cs;
-  if (cache_) metrics_.prefix = cache_->stats();
+  metrics_.prefix = kv_->prefix_stats();
 }
 
 SchedulerMetrics Scheduler::metrics() const {
@@ -493,14 +462,10 @@ SchedulerMetrics Scheduler::metrics() const {
 }
 
 std::string Scheduler::check_invariants() const {
-  std::vector<std::span<const kv::PageId>> tables;
+  std::vector<const kv::SequenceKv*> live;
   for (const auto& s : running_)
-    if (s->kv)
-      for (int32_t i = 0; i < s->kv->n_streams(); ++i) tables.push_back(s->kv->page_table(i));
-  std::vector<kv::PageId> cached;
-  if (cache_) cached = cache_->held_pages();
-  tables.push_back(cached);
-  return engine_->pool().check(tables);
+    if (s->kv) live.push_back(s->kv.get());
+  return kv_->check(live);
 }
 
 void Scheduler::loop() {
@@ -510,7 +475,7 @@ void Scheduler::loop() {
       worked = step();
     } catch (const std::exception& e) {
       // A failing step must not take the server down: fail the running requests, keep serving.
-      for (auto& s : running_) finish(s.get(), std::string("error: ") + e.what());
+      for (auto& s : running_) finish(s.get(), FinishReason::Error, e.what());
       running_.clear();
     }
     if (!worked) {

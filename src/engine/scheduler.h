@@ -1,25 +1,30 @@
 // Continuous batching: requests join and leave at every step; one forward pass per step serves every
 // running sequence (decodes first, then prefill chunks up to the step's token budget, so a long prompt
-// never stalls decoding). KV memory is managed in pages:
-//   * admission is by pages and compression-aware: a compressed sequence is projected at
-//     budget + interval (+ a page per stream), a full one at prompt + max_tokens ("reserve"), or
-//     admission only keeps a free-page watermark and relies on preemption ("watermark");
-//   * when a step cannot get its pages, the prefix cache gives back LRU blocks, then running
-//     sequences are preempted by recompute (victim: lru = least recently (re)admitted, lfu = fewest
-//     tokens computed, priority = lowest priority then newest); a preempted request keeps its
-//     generated tokens and later recomputes its KV from its text, so its stream continues seamlessly;
-//   * the prefix cache (kv/prefix_cache.h) reuses full blocks of earlier prompts; shared pages are
-//     protected from compression, and a compressed sequence registers nothing after its first
-//     compaction.
+// never stalls decoding). One step is three parts (vLLM v1's shape):
+//   schedule() -> StepPlan   intake, admission, the batch and its chunk sizes, room for its pages
+//   ModelRunner::execute()   the batched forward pass (engine/model_runner.h)
+//   update(plan, logits)     prefix-cache registration, compression, sampling, stopping, streaming
+// Every way in — the CLI, the C++ Session API, eval and the HTTP server — drives this one loop; the
+// synchronous ones through Engine::generate, a one-request scheduler.
+//
+// KV memory is the KV manager's (kv/kv_manager.h); the scheduler asks it, never the pool:
+//   * admission is by pages and compression-aware: a compressed sequence is projected at what its
+//     compression schedule allows (budget + interval, + a page per stream), a full one at prompt +
+//     max_tokens ("reserve"), or admission only keeps a free-page watermark and relies on preemption
+//     ("watermark");
+//   * cached-free prefix pages count as free (they are reused lazily); when a step still cannot get its
+//     pages, running sequences are preempted by recompute (victim: lru = least recently (re)admitted,
+//     lfu = fewest tokens computed, priority = lowest priority then newest); a preempted request keeps
+//     its generated tokens and later recomputes its KV from its text, so its stream continues seamlessly;
+//   * the prefix cache reuses full blocks of earlier prompts; shared pages are protected from
+//     compression, and a compressed sequence registers only what its schedule allows.
 // Thread-safety: submit / cancel / metrics may be called from any thread; step() and the background
-// loop run on one thread (the engine and pool are single-threaded).
+// loop run on one thread (the engine and KV manager are single-threaded).
 #pragma once
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,8 +33,9 @@
 
 #include "compress/compressor.h"
 #include "engine/engine.h"
-#include "engine/sampler.h"
-#include "engine/text_stream.h"
+#include "engine/request.h"
+#include "engine/sequence.h"
+#include "engine/step_plan.h"
 #include "kv/prefix_cache.h"
 
 namespace kvpack {
@@ -46,29 +52,7 @@ struct SchedulerOptions {
   bool reserve_admission = true;   // false: watermark admission
   double watermark = 0.05;         // fraction of pages kept free at admission (watermark mode)
   int32_t max_waiting = 256;       // queue limit; submit() refuses beyond it (server: 429)
-  uint64_t model_salt = 0;
 };
-
-struct RequestSpec {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 128;
-  SamplingParams sampling;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  compress::CompressConfig kv;
-  int32_t priority = 0;   // higher = more important (priority preemption)
-  uint64_t cache_salt = 0;
-};
-
-struct RequestEvent {
-  enum class Kind { Text, Finished } kind = Kind::Text;
-  std::string text;           // Text: newly printable text
-  std::vector<int32_t> tokens;  // Text: token ids produced with it
-  std::string finish_reason;  // Finished: "stop", "length", "eos", "cancelled", "error: ..."
-  int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, preemptions = 0;
-};
-// Called on the scheduler thread; must be quick and must not call back into the scheduler's step().
-using EventSink = std::function<void(const RequestEvent&)>;
 
 struct Histogram {
   std::vector<double> bounds;       // upper bounds (seconds)
@@ -80,7 +64,7 @@ struct Histogram {
 };
 
 struct SchedulerMetrics {
-  int64_t pages_total = 0, pages_used = 0, pages_free = 0;
+  int64_t pages_total = 0, pages_used = 0, pages_free = 0, pages_cached_free = 0;
   uint64_t resident_kv_bytes = 0, page_bytes = 0;
   int64_t running = 0, waiting = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
@@ -101,53 +85,60 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request; returns its id, or 0 when the queue is full. Throws std::invalid_argument for
-  // a request that can never run (empty prompt, prompt + 1 beyond the context, bad KV config).
-  uint64_t submit(RequestSpec spec, EventSink sink);
+  // a request that can never run (empty prompt, prompt beyond the context, token ids out of range,
+  // bad KV config).
+  uint64_t submit(Request req, EventSink sink);
   // Cancels a queued or running request (e.g. the client went away); its pages are freed at the
-  // start of the next step and its sink gets Finished("cancelled"). Unknown ids are ignored.
+  // start of the next step and its sink gets Finished(Cancelled). Unknown ids are ignored.
   void cancel(uint64_t id);
 
-  // Runs one scheduling step on the calling thread; returns false when there was nothing to do.
+  // One step on the calling thread: schedule → execute → update. Returns false when there was nothing
+  // to run.
   bool step();
+  // The step's parts, for drivers that interleave other work (step() is all most callers need).
+  // schedule() returns false when nothing runs this step (the plan is then empty).
+  bool schedule(StepPlan& plan);
+  void update(const StepPlan& plan, std::span<float> logits);
+
   // Background loop on its own thread.
   void start();
   void stop();
 
   SchedulerMetrics metrics() const;
-  // Page-table spans of every running sequence and of the prefix cache (invariant checks).
+  // Page accounting of every running sequence against the pool and the prefix cache ("" = consistent).
   std::string check_invariants() const;
 
  private:
-  struct Seq;
   void intake();
   void admit();
-  Seq* pick_victim() const;
-  void preempt(Seq* s, const char* why);
-  void finish(Seq* s, const std::string& reason);
-  int64_t projected_pages(const Seq& s) const;
-  void emit_tokens(Seq& s, int32_t token);
+  Sequence* pick_victim() const;
+  void preempt(Sequence* s);
+  void finish(Sequence* s, FinishReason reason, const std::string& error = {});
+  void remove_running(Sequence* s);
+  int64_t projected_pages(const Sequence& s) const;
+  void emit_token(Sequence& s, int32_t token);
   void publish_metrics();
   void loop();
 
   Engine* engine_;
+  kv::KvManager* kv_;
   SchedulerOptions opt_;
-  int32_t n_streams_;
-  std::unique_ptr<kv::PrefixCache> cache_;
 
   // Shared with other threads (guarded by mu_).
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::unique_ptr<Seq>> incoming_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   SchedulerMetrics metrics_;  // published snapshot fields updated at the end of each step
 
   // Scheduler thread only.
-  std::vector<std::unique_ptr<Seq>> waiting_;  // arrival order (preempted ones keep their place)
-  std::vector<std::unique_ptr<Seq>> running_;
+  std::vector<std::unique_ptr<Sequence>> waiting_;  // arrival order (preempted ones keep their place)
+  std::vector<std::unique_ptr<Sequence>> running_;
   uint64_t step_no_ = 0;
   compress::CompressionStats finished_compression_;
-  std::vector<float> logits_;
+  StepPlan plan_;
+  std::vector<Sequence*> order_, done_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
 };

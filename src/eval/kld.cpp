@@ -42,9 +42,9 @@ void run_one(Engine& engine, kv::SequenceKv& seq, const int32_t* token, float* l
   item.tokens = std::span<const int32_t>(token, 1);
   item.logits = logits;
   if (comp) comp->prepare(seq, item);
-  if (!engine.forward().run(std::span<BatchItem>(&item, 1), comp))
-    throw std::runtime_error("KV cache exhausted: " + std::to_string(engine.pool().used_pages()) + " of " +
-                             std::to_string(engine.pool().capacity()) + " pages in use (raise --kv-pages)");
+  if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp))
+    throw std::runtime_error("KV cache exhausted: " + std::to_string(engine.kv().pool().used_pages()) + " of " +
+                             std::to_string(engine.kv().pool().capacity()) + " pages in use (raise --kv-pages)");
 }
 
 }  // namespace
@@ -75,7 +75,7 @@ FullReference full_reference(const Model& model, const std::vector<std::vector<i
   FullReference ref;
   for (const auto& w : windows) {
     std::vector<float> lg(w.size() * static_cast<size_t>(V));
-    auto seq = engine.new_sequence();
+    auto seq = engine.kv().new_sequence();
     for (size_t i = 0; i < w.size(); ++i) {
       run_one(engine, *seq, &w[i], lg.data() + i * static_cast<size_t>(V), nullptr);
       ref.peak_pages = std::max(ref.peak_pages, seq->pages_held());
@@ -98,7 +98,7 @@ KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windo
   KldResult r;
   r.windows = static_cast<int32_t>(windows.size());
   r.ctx = ctx;
-  r.page_bytes = engine.pool().page_bytes();
+  r.page_bytes = engine.kv().pool().page_bytes();
   std::vector<float> lf(static_cast<size_t>(V)), lc(static_cast<size_t>(V));
   std::vector<double> pf(static_cast<size_t>(V)), pc(static_cast<size_t>(V));
   std::vector<double> kls;
@@ -108,9 +108,9 @@ KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windo
     const auto& w = windows[wi];
     if (static_cast<int32_t>(w.size()) != ctx) throw std::invalid_argument("windows must all have the same length");
     std::unique_ptr<compress::SequenceCompressor> comp;
-    if (kv.enabled()) comp = std::make_unique<compress::SequenceCompressor>(kv, c, calib, 1, &engine.threads());
-    auto seq_c = engine.new_sequence();
-    std::unique_ptr<kv::SequenceKv> seq_f = ref ? nullptr : engine.new_sequence();
+    if (kv.enabled()) comp = std::make_unique<compress::SequenceCompressor>(kv, c, calib, 1, &engine.runner().threads());
+    auto seq_c = engine.kv().new_sequence();
+    std::unique_ptr<kv::SequenceKv> seq_f = ref ? nullptr : engine.kv().new_sequence();
     bool evicted = false;
     for (size_t i = 0; i < w.size(); ++i) {
       const float* full_logits;

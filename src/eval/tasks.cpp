@@ -418,7 +418,7 @@ TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n
     if (kind == TaskKind::Needle && opt.depth < 0) o.depth = n > 1 ? static_cast<double>(i) / (n - 1) : 0.5;
     TaskSample s;
     s.task = make_task(kind, ctx_tokens, sample_seed(seed, kind, i), &tok, o);
-    GenerateRequest req;
+    Request req;
     req.prompt = tok.encode(s.task.prompt, tok.bos() >= 0);
     req.max_tokens = s.task.max_tokens;
     req.sampling.temperature = 0;  // greedy

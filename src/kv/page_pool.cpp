@@ -32,7 +32,45 @@ PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
   refcount_.assign(n, 0);
   positions_.assign(n * cfg_.page_size, -1);
   free_list_.reserve(n);
+  cached_.assign(n, 0);
+  lru_prev_.assign(n, kNoPage);
+  lru_next_.assign(n, kNoPage);
   chunks_.reserve((n + cfg_.pages_per_chunk - 1) / cfg_.pages_per_chunk);
+}
+
+void PagePool::lru_push_back(PageId p) {
+  lru_prev_[static_cast<size_t>(p)] = lru_tail_;
+  lru_next_[static_cast<size_t>(p)] = kNoPage;
+  if (lru_tail_ != kNoPage) lru_next_[static_cast<size_t>(lru_tail_)] = p;
+  else lru_head_ = p;
+  lru_tail_ = p;
+  ++lru_size_;
+}
+
+void PagePool::lru_remove(PageId p) {
+  const PageId prev = lru_prev_[static_cast<size_t>(p)], next = lru_next_[static_cast<size_t>(p)];
+  if (prev != kNoPage) lru_next_[static_cast<size_t>(prev)] = next;
+  else lru_head_ = next;
+  if (next != kNoPage) lru_prev_[static_cast<size_t>(next)] = prev;
+  else lru_tail_ = prev;
+  lru_prev_[static_cast<size_t>(p)] = lru_next_[static_cast<size_t>(p)] = kNoPage;
+  --lru_size_;
+}
+
+void PagePool::mark_cached(PageId p) {
+#if KVPACK_DEBUG_CHECKS
+  if (p < 0 || p >= next_fresh_ || refcount_[static_cast<size_t>(p)] <= 0 || cached_[static_cast<size_t>(p)]) std::abort();
+#endif
+  cached_[static_cast<size_t>(p)] = 1;
+}
+
+void PagePool::unmark_cached(PageId p) {
+  if (!cached_[static_cast<size_t>(p)]) return;
+  cached_[static_cast<size_t>(p)] = 0;
+  if (refcount_[static_cast<size_t>(p)] == 0) {  // cached-free -> plain free
+    lru_remove(p);
+    free_list_.push_back(p);
+  }
 }
 
 PageId PagePool::allocate() {
@@ -40,8 +78,14 @@ PageId PagePool::allocate() {
   if (!free_list_.empty()) {
     p = free_list_.back();
     free_list_.pop_back();
+  } else if (next_fresh_ >= cfg_.max_pages) {
+    if (lru_head_ == kNoPage) return kNoPage;
+    // Lazy eviction: the least recently freed cached page; its block leaves the prefix cache.
+    p = lru_head_;
+    lru_remove(p);
+    cached_[static_cast<size_t>(p)] = 0;
+    if (listener_ != nullptr) listener_->on_reuse(p);  // drops p's block, un-marking its other pages
   } else {
-    if (next_fresh_ >= cfg_.max_pages) return kNoPage;
     p = next_fresh_;
     if (static_cast<size_t>(p) / cfg_.pages_per_chunk >= chunks_.size()) {
       // Round up to the 64-byte alignment aligned_alloc needs; page_bytes is a multiple of 64 in
@@ -61,8 +105,13 @@ PageId PagePool::allocate() {
 
 void PagePool::retain(PageId p) {
 #if KVPACK_DEBUG_CHECKS
-  if (p < 0 || p >= next_fresh_ || refcount_[static_cast<size_t>(p)] <= 0) std::abort();
+  if (p < 0 || p >= next_fresh_ || (refcount_[static_cast<size_t>(p)] <= 0 && !cached_[static_cast<size_t>(p)])) std::abort();
 #endif
+  if (refcount_[static_cast<size_t>(p)] == 0) {  // a prefix-cache hit on a cached-free page
+    lru_remove(p);
+    ++used_;
+    if (used_ > peak_used_) peak_used_ = used_;
+  }
   ++refcount_[static_cast<size_t>(p)];
 }
 
@@ -71,7 +120,8 @@ void PagePool::release(PageId p) {
   if (p < 0 || p >= next_fresh_ || refcount_[static_cast<size_t>(p)] <= 0) std::abort();
 #endif
   if (--refcount_[static_cast<size_t>(p)] == 0) {
-    free_list_.push_back(p);
+    if (cached_[static_cast<size_t>(p)]) lru_push_back(p);
+    else free_list_.push_back(p);
     --used_;
   }
 }
@@ -94,10 +144,22 @@ std::string PagePool::check(std::span<const std::span<const PageId>> tables) con
       return "page " + std::to_string(p) + " has refcount " + std::to_string(rc) + " but " + std::to_string(n) +
              " page-table entries";
   }
+  int64_t cached_free = 0;
+  for (PageId p = lru_head_; p != kNoPage; p = lru_next_[static_cast<size_t>(p)]) {
+    if (refcount_[static_cast<size_t>(p)] != 0 || !cached_[static_cast<size_t>(p)])
+      return "page " + std::to_string(p) + " is on the cached-free list with refcount " +
+             std::to_string(refcount_[static_cast<size_t>(p)]) + (cached_[static_cast<size_t>(p)] ? "" : " and not cached");
+    if (++cached_free > lru_size_) return "cached-free list is longer than its count";
+  }
+  if (cached_free != lru_size_) return "cached-free list has " + std::to_string(cached_free) + " pages, count says " + std::to_string(lru_size_);
+  for (PageId p = 0; p < next_fresh_; ++p)
+    if (cached_[static_cast<size_t>(p)] && refcount_[static_cast<size_t>(p)] == 0 && lru_prev_[static_cast<size_t>(p)] == kNoPage &&
+        lru_head_ != p)
+      return "cached page " + std::to_string(p) + " has refcount 0 but is not on the cached-free list";
   const int64_t free_count = static_cast<int64_t>(free_list_.size()) + (cfg_.max_pages - next_fresh_);
-  if (free_count + referenced != cfg_.max_pages)
-    return "free (" + std::to_string(free_count) + ") + referenced (" + std::to_string(referenced) +
-           ") != total (" + std::to_string(cfg_.max_pages) + ")";
+  if (free_count + cached_free + referenced != cfg_.max_pages)
+    return "free (" + std::to_string(free_count) + ") + cached-free (" + std::to_string(cached_free) + ") + referenced (" +
+           std::to_string(referenced) + ") != total (" + std::to_string(cfg_.max_pages) + ")";
   if (referenced != used_) return "used counter " + std::to_string(used_) + " != referenced " + std::to_string(referenced);
   return "";
 }

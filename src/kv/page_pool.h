@@ -14,6 +14,13 @@
 //
 // Memory grows with pages actually used: page storage is allocated in chunks on first use, freed pages
 // are reused LIFO (hot in cache), and `max_pages` only bounds growth.
+//
+// Cached-free pages (vLLM v1's BlockPool design): a page the prefix cache has registered (mark_cached)
+// keeps its K/V when its last page-table entry lets go — refcount 0, counted as free, but still
+// findable by its block hash. allocate() hands out plain free pages first, then never-used ones, and
+// only then the least recently freed cached page, telling the reuse listener (the prefix cache drops
+// that block) — O(1), no scan. retain() on a cached-free page revives it (a prefix-cache hit).
+// A page is *shared* (read-only: copy on write) when more than one table names it or it is cached.
 // Thread-safety: not thread-safe; the engine owns the pool and mutates it from its scheduling thread.
 #pragma once
 #include <cstddef>
@@ -48,10 +55,25 @@ class PagePool {
   // Takes a free page with refcount 1, or returns kNoPage when the pool is exhausted
   // (or the system refused memory for a new chunk) — callers turn that into a clean error / preemption.
   PageId allocate();
-  void retain(PageId p);   // one more page-table entry names p (prefix sharing)
-  void release(PageId p);  // one fewer; at zero the page returns to the free list
+  void retain(PageId p);   // one more page-table entry names p (prefix sharing; revives a cached-free page)
+  void release(PageId p);  // one fewer; at zero the page returns to the free list (cached: to the LRU list)
 
   int32_t refcount(PageId p) const { return refcount_[static_cast<size_t>(p)]; }
+  // Prefix-cache marks (see the header comment). Un-marking a cached-free page makes it plain free.
+  void mark_cached(PageId p);
+  void unmark_cached(PageId p);
+  bool is_cached(PageId p) const { return cached_[static_cast<size_t>(p)] != 0; }
+  // Read-only for its holders: writes go to a private copy (SequenceKv), compression never evicts from it.
+  bool is_shared(PageId p) const { return refcount_[static_cast<size_t>(p)] > 1 || cached_[static_cast<size_t>(p)] != 0; }
+  // Called with a cached page that allocate() reuses (already un-marked; its K/V are about to be
+  // overwritten); the listener forgets its block and un-marks the block's other pages. One listener:
+  // the prefix cache.
+  class ReuseListener {
+   public:
+    virtual ~ReuseListener() = default;
+    virtual void on_reuse(PageId p) = 0;
+  };
+  void set_reuse_listener(ReuseListener* l) { listener_ = l; }
   uint8_t* data(PageId p) { return chunk_base(p) + offset_in_chunk(p); }
   const uint8_t* data(PageId p) const { return const_cast<PagePool*>(this)->data(p); }
   int32_t* positions(PageId p) { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
@@ -63,14 +85,16 @@ class PagePool {
   size_t slot_bytes() const { return row_bytes_; }       // one K (or V) row, kernels::kv_row_bytes
 
   int64_t capacity() const { return cfg_.max_pages; }
-  int64_t used_pages() const { return used_; }
-  int64_t free_pages() const { return cfg_.max_pages - used_; }
+  int64_t used_pages() const { return used_; }                       // referenced by page tables
+  int64_t free_pages() const { return cfg_.max_pages - used_; }      // allocatable, cached-free included
+  int64_t cached_free_pages() const { return lru_size_; }            // free but still holding a cached block
   int64_t peak_used_pages() const { return peak_used_; }
   size_t used_bytes() const { return static_cast<size_t>(used_) * page_bytes_; }
   size_t reserved_bytes() const { return chunks_.size() * chunk_bytes_; }  // memory actually obtained
 
-  // Invariant check (tests, debug builds): free + referenced = total, every refcount equals the number
-  // of page-table entries naming that page (tables given by the caller). Returns "" or a description.
+  // Invariant check (tests, debug builds): free + cached-free + referenced = total, every refcount equals
+  // the number of page-table entries naming that page (tables given by the caller), the LRU list holds
+  // exactly the cached pages with refcount 0. Returns "" or a description.
   std::string check(std::span<const std::span<const PageId>> tables) const;
 
  private:
@@ -85,9 +109,17 @@ class PagePool {
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> chunks_;
   std::vector<int32_t> refcount_;   // per page id ever created
   std::vector<int32_t> positions_;  // per page id * page_size
-  std::vector<PageId> free_list_;   // LIFO of released pages
+  std::vector<PageId> free_list_;   // LIFO of released pages (not cached)
   PageId next_fresh_ = 0;           // pages [next_fresh_, max) were never handed out
   int64_t used_ = 0, peak_used_ = 0;
+  // Cached-free pages in release order (head = least recently freed): an intrusive doubly linked list.
+  std::vector<uint8_t> cached_;
+  std::vector<PageId> lru_prev_, lru_next_;
+  PageId lru_head_ = kNoPage, lru_tail_ = kNoPage;
+  int64_t lru_size_ = 0;
+  ReuseListener* listener_ = nullptr;
+  void lru_push_back(PageId p);
+  void lru_remove(PageId p);
 };
 
 }  // namespace kvpack::kv

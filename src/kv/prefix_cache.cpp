@@ -8,15 +8,20 @@
 namespace kvpack::kv {
 
 PrefixCache::PrefixCache(PagePool& pool, int32_t n_streams, uint64_t model_salt)
-    : pool_(&pool), n_streams_(n_streams), model_salt_(model_salt) {}
+    : pool_(&pool), n_streams_(n_streams), model_salt_(model_salt) {
+  pool_->set_reuse_listener(this);
+}
 
-PrefixCache::~PrefixCache() { clear(); }
+PrefixCache::~PrefixCache() {
+  clear();
+  pool_->set_reuse_listener(nullptr);
+}
 
 void PrefixCache::clear() {
-  for (auto& [k, e] : map_)
-    for (PageId p : e.pages) pool_->release(p);
-  map_.clear();
-  stats_.cached_blocks = 0;
+  while (!map_.empty()) {
+    drop(map_.begin());
+    --stats_.evictions;  // clearing is not eviction under memory pressure
+  }
 }
 
 uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> block, uint64_t salt) const {
@@ -40,8 +45,7 @@ int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uin
     key = block_key(key, tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps)), salt);
     auto it = map_.find(key);
     if (it == map_.end()) break;
-    it->second.last_used = ++tick_;
-    kv.attach_shared_block(it->second.pages, b * ps);
+    kv.attach_shared_block(it->second, b * ps);  // retains: revives cached-free pages
     ++matched;
   }
   if (matched > 0) ++stats_.hits;
@@ -59,51 +63,55 @@ void PrefixCache::register_blocks(const SequenceKv& kv, std::span<const int32_t>
     for (int32_t s = 0; s < n_streams_; ++s) held &= kv.n_slots(s) >= (b + 1) * ps;
     if (!held) break;
     key = block_key(key, tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps)), salt);
-    auto it = map_.find(key);
-    if (it != map_.end()) {
-      it->second.last_used = ++tick_;
-      continue;
-    }
-    Entry e;
-    e.pages.resize(static_cast<size_t>(n_streams_));
+    if (map_.count(key)) continue;  // already cached (this sequence attached it, or another computed it)
+    std::vector<PageId> pages(static_cast<size_t>(n_streams_));
+    bool fresh = true;
     for (int32_t s = 0; s < n_streams_; ++s) {
-      e.pages[static_cast<size_t>(s)] = kv.block_page(s, b);
-      pool_->retain(e.pages[static_cast<size_t>(s)]);
+      pages[static_cast<size_t>(s)] = kv.block_page(s, b);
+      fresh &= !pool_->is_cached(pages[static_cast<size_t>(s)]);
     }
-    e.last_used = ++tick_;
-    map_.emplace(key, std::move(e));
+    if (!fresh) continue;  // a page of another block (cannot happen for an uncompacted prompt; be safe)
+    for (PageId p : pages) {
+      pool_->mark_cached(p);
+      page_key_[p] = key;
+    }
+    map_.emplace(key, std::move(pages));
     ++stats_.cached_blocks;
   }
 }
 
-void PrefixCache::drop(std::unordered_map<uint64_t, Entry>::iterator it) {
-  for (PageId p : it->second.pages) pool_->release(p);
+void PrefixCache::drop(Map::iterator it) {
+  for (PageId p : it->second) {
+    pool_->unmark_cached(p);
+    page_key_.erase(p);
+  }
   map_.erase(it);
   ++stats_.evictions;
   --stats_.cached_blocks;
 }
 
-int64_t PrefixCache::evict_until_free(int64_t want_free) {
-  const int64_t before = pool_->free_pages();
-  while (pool_->free_pages() < want_free && !map_.empty()) {
-    // LRU among entries whose pages only the cache holds (dropping them frees memory); if none,
-    // nothing the cache can do frees memory.
-    auto victim = map_.end();
-    for (auto it = map_.begin(); it != map_.end(); ++it) {
-      bool sole = true;
-      for (PageId p : it->second.pages) sole &= pool_->refcount(p) == 1;
-      if (sole && (victim == map_.end() || it->second.last_used < victim->second.last_used)) victim = it;
-    }
-    if (victim == map_.end()) break;
-    drop(victim);
-  }
-  return pool_->free_pages() - before;
+void PrefixCache::on_reuse(PageId p) {
+  auto k = page_key_.find(p);
+  if (k == page_key_.end()) return;
+  auto it = map_.find(k->second);
+  if (it != map_.end()) drop(it);
 }
 
-std::vector<PageId> PrefixCache::held_pages() const {
-  std::vector<PageId> out;
-  for (const auto& [k, e] : map_) out.insert(out.end(), e.pages.begin(), e.pages.end());
-  return out;
+std::string PrefixCache::check() const {
+  size_t pages = 0;
+  for (const auto& [key, ps] : map_) {
+    if (static_cast<int32_t>(ps.size()) != n_streams_) return "prefix-cache block with " + std::to_string(ps.size()) + " pages";
+    for (PageId p : ps) {
+      if (!pool_->is_cached(p)) return "prefix-cache page " + std::to_string(p) + " is not marked cached in the pool";
+      auto k = page_key_.find(p);
+      if (k == page_key_.end() || k->second != key) return "prefix-cache page " + std::to_string(p) + " maps to another block";
+    }
+    pages += ps.size();
+  }
+  if (pages != page_key_.size()) return "prefix-cache page map has " + std::to_string(page_key_.size()) + " entries for " +
+                                        std::to_string(pages) + " pages";
+  if (static_cast<int64_t>(map_.size()) != stats_.cached_blocks) return "prefix-cache block count is stale";
+  return "";
 }
 
 }  // namespace kvpack::kv

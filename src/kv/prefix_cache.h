@@ -1,18 +1,22 @@
-// Prefix cache: exact-match reuse of KV pages for shared prompt prefixes (vLLM / nano-vllm style).
+// Prefix cache: exact-match reuse of KV pages for shared prompt prefixes (vLLM v1 / nano-vllm style).
 //
 // A block is `page_size` tokens; its key is hash(parent block's key, the block's token ids, salt), so
 // a key names the whole prefix up to and including the block. A cached block is the group of pages,
-// one per stream (layer x KV head), that hold its K/V. The cache owns one reference on each of those
-// pages; a sequence that hits takes another. Shared pages are read-only (SequenceKv copies on write,
-// and the compressor protects them), so compression never rewrites what the cache hands out.
-// Entries are evicted least-recently-used first, preferring entries nobody else references (those
-// free real memory) when the pool runs short.
+// one per stream (layer x KV head), that hold its K/V.
+//
+// The cache holds no page references. Registering a block marks its pages cached in the pool; when the
+// last sequence lets go of them they stay in the pool as cached-free pages (counted as free), and a later
+// lookup revives them. The pool reuses cached-free pages least recently freed first, only when it has no
+// other free page, and tells the cache (ReuseListener), which forgets that block: eviction is lazy and
+// O(1) per block, with no scan (vLLM v1's BlockPool). Cached pages are shared, i.e. read-only: SequenceKv
+// copies on write and compression never evicts from them, so the cache never hands out rewritten K/V.
 // Only blocks computed from the true prompt before any compaction may be registered: after compaction
 // a slot no longer corresponds to the prompt position it would be looked up by.
-// Thread-safety: not thread-safe; owned by the scheduler thread together with the pool.
+// Thread-safety: not thread-safe; owned by the KV manager together with the pool (scheduler thread).
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -27,14 +31,14 @@ struct PrefixCacheStats {
   int64_t blocks_queried = 0; // full blocks looked up
   int64_t blocks_hit = 0;     // blocks reused
   int64_t tokens_hit = 0;
-  int64_t evictions = 0;      // blocks dropped from the cache
+  int64_t evictions = 0;      // blocks dropped from the cache (their pages were reused)
   int64_t cached_blocks = 0;  // current
 };
 
-class PrefixCache {
+class PrefixCache : private PagePool::ReuseListener {
  public:
   PrefixCache(PagePool& pool, int32_t n_streams, uint64_t model_salt);
-  ~PrefixCache();
+  ~PrefixCache() override;
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
@@ -43,28 +47,24 @@ class PrefixCache {
   int32_t attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt);
   // Registers the full blocks of `tokens` that `kv` holds (kv must hold them in order, uncompacted).
   void register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt);
-  // Drops LRU entries until the pool has `want_free` free pages or nothing evictable is left.
-  // Returns the number of pages that became free.
-  int64_t evict_until_free(int64_t want_free);
+  // Forgets every block (their free pages become plain free pages).
   void clear();
 
   const PrefixCacheStats& stats() const { return stats_; }
-  // Page references the cache holds (for invariant checks: they count as page-table entries).
-  std::vector<PageId> held_pages() const;
+  // Consistency of the cache with the pool's marks (tests, debug builds): "" or a description.
+  std::string check() const;
 
  private:
-  struct Entry {
-    std::vector<PageId> pages;  // one per stream
-    uint64_t last_used = 0;
-  };
+  using Map = std::unordered_map<uint64_t, std::vector<PageId>>;  // block key -> one page per stream
   uint64_t block_key(uint64_t parent, std::span<const int32_t> block, uint64_t salt) const;
-  void drop(std::unordered_map<uint64_t, Entry>::iterator it);
+  void drop(Map::iterator it);
+  void on_reuse(PageId p) override;
 
   PagePool* pool_;
   int32_t n_streams_;
   uint64_t model_salt_;
-  uint64_t tick_ = 0;
-  std::unordered_map<uint64_t, Entry> map_;
+  Map map_;
+  std::unordered_map<PageId, uint64_t> page_key_;  // cached page -> its block's key
   PrefixCacheStats stats_;
 };
 

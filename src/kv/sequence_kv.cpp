@@ -40,7 +40,7 @@ bool SequenceKv::append(int32_t n, int32_t pos0) {
   // A shared (prefix-cached) page is read-only: if the last page is shared and partially filled,
   // writing into it would corrupt the other owner, so copy it first.
   for (auto& s : streams_)
-    if (s.n_slots % ps != 0 && pool_->refcount(s.pages.back()) > 1 && !make_private(s, s.pages.size() - 1))
+    if (s.n_slots % ps != 0 && pool_->is_shared(s.pages.back()) && !make_private(s, s.pages.size() - 1))
       return false;
   for (auto& s : streams_) {
     const size_t want = (static_cast<size_t>(s.n_slots) + n + ps - 1) / ps;
@@ -137,7 +137,7 @@ void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
 
 bool SequenceKv::make_private(Stream& s, size_t page_index) {
   const PageId old = s.pages[page_index];
-  if (pool_->refcount(old) <= 1) return true;
+  if (!pool_->is_shared(old)) return true;
   const PageId fresh = pool_->allocate();
   if (fresh == kNoPage) return false;
   std::memcpy(pool_->data(fresh), pool_->data(old), pool_->page_bytes());

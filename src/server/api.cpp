@@ -95,7 +95,7 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
 
   const int32_t n_ctx = ctx.model->n_ctx;
   const int32_t limit = ctx.limits.max_tokens_limit > 0 ? ctx.limits.max_tokens_limit : n_ctx;
-  RequestSpec& s = r.spec;
+  Request& s = r.spec;
   s.max_tokens = std::min(ctx.limits.default_max_tokens, limit);
   for (const char* k : {"max_tokens", "max_completion_tokens"})
     if (const json* v = field(b, k)) s.max_tokens = static_cast<int32_t>(as_int(*v, k, 0, limit));
@@ -329,10 +329,16 @@ ResponseMeta new_response_meta(bool chat, std::string model) {
   return m;
 }
 
-std::string openai_finish_reason(const std::string& r) {
-  if (r == "eos" || r == "stop") return "stop";
-  if (r == "length" || r == "context") return "length";
-  return r;  // "cancelled", "error: ..." never reach a client as a finish reason
+std::string openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::Eos:
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length:
+    case FinishReason::Context: return "length";
+    case FinishReason::Cancelled:
+    case FinishReason::Error: break;  // never reach a client as a finish reason (503 / 500 instead)
+  }
+  return finish_reason_name(r);
 }
 
 json usage_json(const Usage& u) {

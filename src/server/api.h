@@ -60,7 +60,7 @@ struct ApiContext {
 };
 
 struct ParsedRequest {
-  RequestSpec spec;
+  Request spec;
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -87,7 +87,7 @@ struct Usage {
 };
 
 // Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".
-std::string openai_finish_reason(const std::string& scheduler_reason);
+std::string openai_finish_reason(FinishReason r);
 
 json usage_json(const Usage& u);
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u);

@@ -20,10 +20,8 @@ ApiError make_error(int status, std::string message, std::string type, std::stri
   return e;
 }
 
-bool is_error_reason(const std::string& r) { return r.rfind("error", 0) == 0; }
-
-std::string error_message(const std::string& reason) {
-  return reason.rfind("error: ", 0) == 0 ? reason.substr(7) : reason;
+Usage usage_of(const RequestEvent& ev) {
+  return Usage{ev.stats.prompt_tokens, ev.stats.completion_tokens, ev.stats.cached_tokens};
 }
 
 }  // namespace
@@ -61,8 +59,8 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_.chat_format = detect_chat_format(model.chat_template());
   ctx_.default_kv = opt_.default_kv;
   ctx_.has_calibration = engine.calibration() != nullptr;
-  ctx_.kv_capacity_pages = engine.pool().capacity();
-  ctx_.page_size = engine.pool().config().page_size;
+  ctx_.kv_capacity_pages = engine.kv().pool().capacity();
+  ctx_.page_size = engine.kv().pool().config().page_size;
   ctx_.limits = opt_.limits;
   stats_.max_concurrent = opt_.max_concurrent;
   sched_ = std::make_unique<Scheduler>(engine, opt_.scheduler);
@@ -294,12 +292,11 @@ void Server::serve_blocking(httplib::Response& res, const std::shared_ptr<Slot>&
         text += ev.text;
         continue;
       }
-      if (is_error_reason(ev.finish_reason))
-        return reply_error(res, make_error(500, error_message(ev.finish_reason), "server_error", "generation_failed"));
-      if (ev.finish_reason == "cancelled")
+      if (ev.finish == FinishReason::Error)
+        return reply_error(res, make_error(500, ev.error, "server_error", "generation_failed"));
+      if (ev.finish == FinishReason::Cancelled)
         return reply_error(res, make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled"));
-      const Usage u{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens};
-      res.set_content(dump_json(completion_response(meta, text, openai_finish_reason(ev.finish_reason), u)), "application/json");
+      res.set_content(dump_json(completion_response(meta, text, openai_finish_reason(ev.finish), usage_of(ev))), "application/json");
       return;
     }
     if (st == RequestChannel::Status::Closed) {
@@ -375,12 +372,11 @@ void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& s
         continue;
       }
       done = true;
-      if (is_error_reason(ev.finish_reason)) {
-        out += sse_event(error_body(make_error(500, error_message(ev.finish_reason), "server_error", "generation_failed")));
-      } else if (ev.finish_reason != "cancelled") {
-        out += sse_event(stream_chunk(state->meta, "", openai_finish_reason(ev.finish_reason), state->first_chunk));
-        if (state->include_usage)
-          out += sse_event(usage_chunk(state->meta, Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens}));
+      if (ev.finish == FinishReason::Error) {
+        out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
+      } else if (ev.finish != FinishReason::Cancelled) {
+        out += sse_event(stream_chunk(state->meta, "", openai_finish_reason(ev.finish), state->first_chunk));
+        if (state->include_usage) out += sse_event(usage_chunk(state->meta, usage_of(ev)));
       }
       out += "data: [DONE]\n\n";
       break;

@@ -1,0 +1,56 @@
+// What a client asks for and what it gets back, for every way in: the CLI's `generate`, the C++
+// Session API, `eval` and the HTTP server all submit a Request to a Scheduler and read RequestEvents.
+// Plain data; thread-safety: values, copied between threads by the scheduler.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compress/compressor.h"
+#include "compress/config.h"
+#include "engine/sampler.h"
+
+namespace kvpack {
+
+struct Request {
+  std::vector<int32_t> prompt;  // non-empty (BOS at least, for models that use it); at most the context
+  int32_t max_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  compress::CompressConfig kv;  // KV compression (policy "full" = none)
+  int32_t priority = 0;         // higher = more important (priority preemption)
+  uint64_t cache_salt = 0;      // prefix-cache namespace (tenants never share blocks across salts)
+};
+
+// Why a request ended. Precedence when several hold after one token: end-of-generation token (Eos,
+// the token is not emitted), then a stop string (Stop), then max_tokens (Length), then the context
+// limit (Context).
+enum class FinishReason { Length, Eos, Stop, Context, Cancelled, Error };
+// "length", "eos", "stop", "context", "cancelled", "error".
+const char* finish_reason_name(FinishReason r);
+
+// Per-request figures, complete in the Finished event.
+struct RequestStats {
+  int32_t prompt_tokens = 0, completion_tokens = 0;
+  int32_t cached_tokens = 0;     // prompt tokens served by the prefix cache (first admission)
+  int32_t preemptions = 0;
+  int32_t decode_steps = 0;      // forward passes after the prompt (tokens/s = decode_steps / decode_seconds)
+  double queue_seconds = 0;      // submit → first admission
+  double prefill_seconds = 0;    // first admission → first token sampled
+  double decode_seconds = 0;     // first token → finish
+  int64_t kv_pages_in_use = 0;   // pages held at the end (before they were freed)
+  int64_t peak_kv_pages = 0;     // most pages held at once (naive demonstration: as a non-compacting allocator would)
+  compress::CompressionStats compression;
+};
+
+struct RequestEvent {
+  enum class Kind { Text, Finished } kind = Kind::Text;
+  std::string text;             // Text: newly printable text
+  std::vector<int32_t> tokens;  // Text: token ids produced with it
+  FinishReason finish = FinishReason::Length;  // Finished
+  std::string error;            // Finished with FinishReason::Error: what went wrong
+  RequestStats stats;           // Finished
+};
+
+}  // namespace kvpack

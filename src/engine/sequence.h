@@ -1,0 +1,47 @@
+// One request inside the scheduler: its KV, compressor, sampler and text stream, and where it stands.
+// Owned by the scheduler; used from the scheduling thread only.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "compress/compressor.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/text_stream.h"
+#include "kv/sequence_kv.h"
+
+namespace kvpack {
+
+// Called on the scheduler thread; must be quick and must not call back into the scheduler's step().
+using EventSink = std::function<void(const RequestEvent&)>;
+
+struct Sequence {
+  uint64_t id = 0;
+  Request req;
+  EventSink sink;
+  std::unique_ptr<kv::SequenceKv> kv;             // null while waiting
+  std::unique_ptr<compress::SequenceCompressor> comp;  // null without compression
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextStream> text;
+  std::vector<int32_t> tokens;  // prompt + generated; the last one may not be in the KV yet
+  int32_t n_prompt = 0;
+  int32_t n_computed = 0;       // tokens of `tokens` whose K/V were computed (or attached)
+  int32_t n_generated = 0;
+  int32_t prev_token = -1;      // for the tokenizer's piece_after (SPM: no space right after BOS)
+  int32_t registered_blocks = 0;
+  uint64_t arrival = 0;         // submit order
+  uint64_t admitted_step = 0;   // last (re)admission (lru)
+  double t_submit = 0, t_admitted = 0, t_first_token = 0, t_last_token = 0;
+  bool cancelled = false;
+  std::optional<FinishReason> ending;  // set by update() when the last token decided how it ends
+  RequestStats stats;
+  compress::CompressionStats comp_before;  // compression stats of earlier incarnations (preemption)
+
+  int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
+  bool first_token_done() const { return t_first_token > 0; }
+};
+
+}  // namespace kvpack
