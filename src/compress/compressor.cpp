@@ -280,7 +280,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     int32_t shared = 0;  // pages up to and including the last shared one (cache entries can have gaps)
     auto table = kv.page_table(s);
     for (size_t pg = 0; pg < table.size(); ++pg)
-      if (kv.pool().refcount(table[pg]) > 1) shared = static_cast<int32_t>(pg) + 1;
+      if (kv.pool().is_shared(table[pg])) shared = static_cast<int32_t>(pg) + 1;
     p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), shared * ps));
     return p;
   };

@@ -54,8 +54,10 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   const auto& p = m.prefix;
   // KV page pool.
   w.metric("gauge", "kvpack_kv_pages_total", "KV page pool capacity in pages.", m.pages_total);
-  w.metric("gauge", "kvpack_kv_pages_used", "KV pages in use (running sequences and the prefix cache).", m.pages_used);
-  w.metric("gauge", "kvpack_kv_pages_free", "KV pages free.", m.pages_free);
+  w.metric("gauge", "kvpack_kv_pages_used", "KV pages named by running sequences.", m.pages_used);
+  w.metric("gauge", "kvpack_kv_pages_free", "KV pages free (cached-free pages included: they are reused lazily).", m.pages_free);
+  w.metric("gauge", "kvpack_kv_pages_cached_free", "Free KV pages still holding prefix-cache blocks (reused last, LRU).",
+           m.pages_cached_free);
   w.metric("gauge", "kvpack_kv_page_bytes", "Bytes per KV page (K and V).", m.page_bytes);
   w.metric("gauge", "kvpack_kv_resident_bytes", "Bytes of KV pages in use.", m.resident_kv_bytes);
   // Compression.
