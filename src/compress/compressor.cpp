@@ -30,7 +30,8 @@ void CompressionStats::add(const CompressionStats& o) {
 
 SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelConfig& model, const QueryStats* stats,
                                        int32_t prompt_len, ThreadPool* pool)
-    : cfg_(cfg), mc_(model), qstats_(stats), prompt_len_(prompt_len), pool_(pool), n_streams_(model.n_layer * model.n_head_kv) {
+    : cfg_(cfg), mc_(model), qstats_(stats), prompt_len_(prompt_len), pool_(pool), n_streams_(model.n_layer * model.n_head_kv),
+      schedule_(cfg, n_streams_) {
   if (cfg_.enabled() && policy_needs_calibration(cfg_.policy) && qstats_ == nullptr)
     throw std::invalid_argument(std::string("KV policy '") + policy_name(cfg_.policy) +
                                 "' needs calibration statistics: run `kvpack calibrate -m MODEL --text FILE -o FILE` "
@@ -94,26 +95,12 @@ int64_t SequenceCompressor::live_total(const kv::SequenceKv& kv) const {
   return total;
 }
 
-int64_t SequenceCompressor::trigger_threshold() const {
-  // Normally budget + interval; when protected slots (prompt, shared prefix) keep a sequence above its
-  // budget, the next event waits for another full interval instead of firing at every step.
-  return std::max(static_cast<int64_t>(n_streams_) * (cfg_.budget + cfg_.interval), next_trigger_);
-}
-
 int32_t SequenceCompressor::tokens_until_trigger(const kv::SequenceKv& kv) const {
-  if (!cfg_.enabled()) return std::numeric_limits<int32_t>::max();
-  // Every token appends one slot to every stream.
-  const int64_t left = (trigger_threshold() - live_total(kv) + n_streams_ - 1) / n_streams_;
-  return static_cast<int32_t>(std::clamp<int64_t>(left, 1, std::numeric_limits<int32_t>::max()));
+  return schedule_.tokens_until_event(live_total(kv));
 }
 
 bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
-  if (!cfg_.enabled()) return false;
-  const int64_t target = static_cast<int64_t>(n_streams_) * cfg_.budget;
-  const int64_t total = live_total(kv);
-  const int64_t threshold = trigger_threshold();
-  const bool trigger = total >= threshold || (prefill_done && cfg_.compress_prefill && total > target && total > last_total_after_);
-  if (!trigger) return false;
+  if (!schedule_.fires(live_total(kv), prefill_done)) return false;
   compress(kv);
   return true;
 }
@@ -385,9 +372,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     ev.freed_pages += freed;
     ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
   }
-  last_total_after_ = 0;
-  for (int32_t st = 0; st < n_streams_; ++st) last_total_after_ += cfg_.naive ? kv.live_slots(st) : kv.n_slots(st);
-  next_trigger_ = last_total_after_ + static_cast<int64_t>(n_streams_) * cfg_.interval;
+  schedule_.on_event(live_total(kv));
   ev.score_seconds = t1 - t0;
   ev.seconds = now_s() - t0;
   stats_.add(ev);

@@ -12,6 +12,7 @@
 
 #include "compress/calibration.h"
 #include "compress/config.h"
+#include "compress/schedule.h"
 #include "kv/sequence_kv.h"
 #include "model/forward.h"
 #include "util/thread_pool.h"
@@ -52,12 +53,13 @@ class SequenceCompressor : public ForwardObserver {
   const CompressionStats& stats() const { return stats_; }
   // Pages the sequence is accounted for (naive demonstration: what a non-compacting allocator holds).
   int64_t accounted_pages(const kv::SequenceKv& kv) const { return kv.pages_held(); }
+  // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
+  const CompressionSchedule& schedule() const { return schedule_; }
 
   void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) override;
 
  private:
   int64_t live_total(const kv::SequenceKv& kv) const;
-  int64_t trigger_threshold() const;
   void score_all(const kv::SequenceKv& kv);
   void score_triattention(const kv::SequenceKv& kv);
   void score_window_policy(const kv::SequenceKv& kv);
@@ -70,8 +72,7 @@ class SequenceCompressor : public ForwardObserver {
   ThreadPool* pool_;
   int32_t n_streams_;
   CompressionStats stats_;
-  int64_t next_trigger_ = 0;      // total live slots at which the next event fires (see after_forward)
-  int64_t last_total_after_ = -1;  // total live slots right after the last event
+  CompressionSchedule schedule_;
   std::vector<std::vector<float>> scores_;  // per stream
   std::vector<std::vector<int32_t>> keeps_;
   std::vector<std::vector<int32_t>> live_;  // per stream: candidate (non-hole) slot indices

@@ -131,17 +131,10 @@ void Scheduler::intake() {
 int64_t Scheduler::projected_pages(const Sequence& s) const {
   const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated,
                                              engine_->model().config().n_ctx);
-  int64_t len = full_len;
-  if (s.req.kv.enabled()) {
-    // Compression keeps a sequence at most budget + interval (prefill chunks stop where the next event
-    // fires); protected slots — a prompt under protect_prompt, a shared prefix from the cache — can hold
-    // it above the budget, and then the next event waits a full interval beyond them.
-    int64_t floor = s.req.kv.budget;
-    if (s.req.kv.protect_prompt) floor = std::max<int64_t>(floor, s.n_prompt);
-    floor = std::max<int64_t>(floor, s.stats.cached_tokens);
-    len = std::min<int64_t>(full_len, floor + s.req.kv.interval);
-  }
-  return kv_->pages_for_slots(len, s.req.kv.enabled());
+  // A compressed sequence holds what its schedule allows (budget + interval, more when protected slots
+  // keep it above the budget); a full one its whole length.
+  const int64_t slots = s.comp ? s.comp->schedule().projected_slots(full_len, s.n_prompt, s.stats.cached_tokens) : full_len;
+  return kv_->pages_for_slots(slots, s.comp != nullptr);
 }
 
 void Scheduler::admit() {
@@ -370,10 +363,8 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     // its budget (or is protected anyway): a shared system prompt then costs part of each session's
     // budget once for all sessions, while a long document stays compressible. Any sequence may reuse
     // blocks that others registered.
-    const bool may_register =
-        !s.comp || (s.comp->stats().events == 0 && (s.req.kv.protect_prompt || s.n_prompt <= s.req.kv.budget));
-    if (opt_.prefix_cache && may_register) {
-      const int32_t full = (s.comp ? std::min(s.n_computed, s.n_prompt) : s.n_computed) / kv_->page_size();
+    if (opt_.prefix_cache && (!s.comp || s.comp->schedule().may_register(s.n_prompt))) {
+      const int32_t full = (s.comp ? s.comp->schedule().registrable_tokens(s.n_computed, s.n_prompt) : s.n_computed) / kv_->page_size();
       if (full > s.registered_blocks) {
         kv_->register_blocks(*s.kv, s.tokens, full, s.req.cache_salt);
         s.registered_blocks = full;
