@@ -8,7 +8,7 @@
 #   scripts/golden_greedy.sh record KVPACK SHARED_DIR > tests/data/golden_greedy.txt
 #   scripts/golden_greedy.sh check  KVPACK SHARED_DIR tests/data/golden_greedy.txt
 #
-# Each block: a "### name" line, then the generated text and the eviction figures of the stats line
+# Needs curl (the server blocks). Each block: a "### name" line, then the generated text and the eviction figures of the stats line
 # (compactions, evicted slots, freed pages: the same keep sets give the same figures).
 set -euo pipefail
 mode=$1 kvpack=$2 shared=$3
@@ -62,10 +62,34 @@ out() {
   done
 }
 
+# The HTTP server with its prefix cache and compression: a shared system prompt, sequential requests
+# (so the outputs do not depend on batching), repeated questions hit the cache.
+server() {  # name, then serve arguments
+  local name=$1; shift
+  local port=$((20000 + RANDOM % 20000))
+  "$kvpack" serve -q --port "$port" "$@" >/dev/null 2>"$work/serve.err" &
+  local pid=$!
+  for _ in $(seq 100); do curl -s "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "### server $name"
+  local sys="You are a careful assistant who answers questions about the novels of Jane Austen, quoting the text where it helps."
+  for q in "Who is Mr. Elton?" "What does Emma think of Harriet?" "Who is Mr. Elton?" "Describe Hartfield in winter."; do
+    curl -s "localhost:$port/v1/completions" -d "{\"prompt\": \"$sys Question: $q Answer:\", \"max_tokens\": 80, \"temperature\": 0}" |
+      python3 -c 'import sys,json; d=json.load(sys.stdin); print(json.dumps([d["choices"][0]["text"], d["usage"]["prompt_tokens_details"]["cached_tokens"]]))'
+  done
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+all() {
+  out
+  server "full"
+  server "knorm b64" --kv-policy knorm --kv-budget 64 --kv-interval 16
+  server "triattention b64" --kv-policy triattention --kv-budget 64 --kv-interval 16 --kv-calib "$work/testbed.calib"
+}
+
 case "$mode" in
-  record) out ;;
+  record) all ;;
   check)
-    out > "$work/now.txt"
+    all > "$work/now.txt"
     if diff -u "$4" "$work/now.txt" > "$work/diff"; then
       echo "golden greedy outputs: $(grep -c '^### ' "$4") blocks identical"
     else

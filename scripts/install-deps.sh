@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libxxhash-dev
-      python3 python3-numpy python3-matplotlib)
+      python3 python3-numpy python3-matplotlib curl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
