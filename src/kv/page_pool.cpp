@@ -1,5 +1,6 @@
 #include "kv/page_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
@@ -22,15 +23,16 @@ PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
     throw std::invalid_argument(std::string("page pool: ") + e.what());
   }
   page_bytes_ = 2 * row_bytes_ * static_cast<size_t>(cfg_.page_size);
+  pos_offset_ = (page_bytes_ + 3) / 4 * 4;
+  stride_ = (record_bytes() + 63) / 64 * 64;
   if (cfg_.pages_per_chunk <= 0) {
     const size_t target = size_t{2} << 20;
-    cfg_.pages_per_chunk = static_cast<int32_t>(std::max<size_t>(1, target / page_bytes_));
+    cfg_.pages_per_chunk = static_cast<int32_t>(std::max<size_t>(1, target / stride_));
   }
-  chunk_bytes_ = page_bytes_ * cfg_.pages_per_chunk;
+  chunk_bytes_ = stride_ * cfg_.pages_per_chunk;
   // Metadata is sized for the limit up front so allocate/release never reallocate (hot path).
   const size_t n = static_cast<size_t>(cfg_.max_pages);
   refcount_.assign(n, 0);
-  positions_.assign(n * cfg_.page_size, -1);
   free_list_.reserve(n);
   cached_.assign(n, 0);
   lru_prev_.assign(n, kNoPage);
@@ -94,6 +96,9 @@ PageId PagePool::allocate() {
       auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
       if (mem == nullptr) return kNoPage;
       chunks_.emplace_back(mem);
+      // Positions of never-written slots read as -1.
+      for (int32_t i = 0; i < cfg_.pages_per_chunk; ++i)
+        std::fill_n(reinterpret_cast<int32_t*>(mem + static_cast<size_t>(i) * stride_ + pos_offset_), cfg_.page_size, -1);
     }
     ++next_fresh_;
   }

@@ -76,11 +76,14 @@ class PagePool {
   void set_reuse_listener(ReuseListener* l) { listener_ = l; }
   uint8_t* data(PageId p) { return chunk_base(p) + offset_in_chunk(p); }
   const uint8_t* data(PageId p) const { return const_cast<PagePool*>(this)->data(p); }
-  int32_t* positions(PageId p) { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
-  const int32_t* positions(PageId p) const { return positions_.data() + static_cast<size_t>(p) * cfg_.page_size; }
+  // The page's per-slot original positions live right after its K and V, so a page is one contiguous
+  // record (record_bytes()) that the cold tier moves with a single copy.
+  int32_t* positions(PageId p) { return reinterpret_cast<int32_t*>(data(p) + pos_offset_); }
+  const int32_t* positions(PageId p) const { return reinterpret_cast<const int32_t*>(data(p) + pos_offset_); }
 
   const PoolConfig& config() const { return cfg_; }
-  size_t page_bytes() const { return page_bytes_; }      // K + V
+  size_t page_bytes() const { return page_bytes_; }      // K + V (what every KV-memory figure counts)
+  size_t record_bytes() const { return pos_offset_ + sizeof(int32_t) * static_cast<size_t>(cfg_.page_size); }  // K + V + positions
   size_t v_offset() const { return page_bytes_ / 2; }    // byte offset of V inside a page
   size_t slot_bytes() const { return row_bytes_; }       // one K (or V) row, kernels::kv_row_bytes
 
@@ -99,16 +102,17 @@ class PagePool {
 
  private:
   uint8_t* chunk_base(PageId p) { return chunks_[static_cast<size_t>(p) / cfg_.pages_per_chunk].get(); }
-  size_t offset_in_chunk(PageId p) const { return static_cast<size_t>(p) % cfg_.pages_per_chunk * page_bytes_; }
+  size_t offset_in_chunk(PageId p) const { return static_cast<size_t>(p) % cfg_.pages_per_chunk * stride_; }
 
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };
   PoolConfig cfg_;
   size_t row_bytes_ = 0, page_bytes_ = 0, chunk_bytes_ = 0;
+  size_t pos_offset_ = 0;  // positions after K+V, 4-byte aligned
+  size_t stride_ = 0;      // bytes between pages in a chunk: the record, rounded up to 64 (page alignment)
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> chunks_;
   std::vector<int32_t> refcount_;   // per page id ever created
-  std::vector<int32_t> positions_;  // per page id * page_size
   std::vector<PageId> free_list_;   // LIFO of released pages (not cached)
   PageId next_fresh_ = 0;           // pages [next_fresh_, max) were never handed out
   int64_t used_ = 0, peak_used_ = 0;
