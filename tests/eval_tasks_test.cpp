@@ -42,6 +42,16 @@ std::vector<std::string> lines_of(const std::string& s) {
   return out;
 }
 
+// make_task(kind) rejects the count option `field` one below `lo` and one above `hi`.
+void expect_count_range_enforced(TaskKind kind, int32_t eval::TaskOptions::*field, int32_t lo, int32_t hi,
+                                 const kvpack::Tokenizer& tok) {
+  eval::TaskOptions bad;
+  for (int32_t v : {lo - 1, hi + 1}) {
+    bad.*field = v;
+    EXPECT_THROW(eval::make_task(kind, 1024, 1, &tok, bad), std::invalid_argument) << "count " << v;
+  }
+}
+
 TEST(EvalTasks, NamesParse) {
   EXPECT_EQ(eval::parse_tasks("all").size(), 3u);
   EXPECT_EQ(eval::parse_tasks("pointer,needle"), (std::vector<TaskKind>{TaskKind::Pointer, TaskKind::Needle}));
@@ -169,11 +179,7 @@ TEST(EvalTasks, NeedleCountIsAnOptionForTrainingData) {
     ASSERT_TRUE(needles.count(key)) << q;
     EXPECT_EQ(" " + needles[key], t.answer);
   }
-  eval::TaskOptions bad;
-  bad.needles = eval::kNeedlesMin - 1;
-  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
-  bad.needles = eval::kNeedlesMax + 1;
-  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
+  expect_count_range_enforced(TaskKind::Needle, &eval::TaskOptions::needles, eval::kNeedlesMin, eval::kNeedlesMax, tok);
 }
 
 TEST(EvalTasks, VarTrackChainResolvesToTheAnswer) {
@@ -264,11 +270,7 @@ TEST(EvalTasks, VarTrackChainCountIsAnOptionForTrainingData) {
     }
     EXPECT_EQ(trace + " " + assign[v].substr(1), t.answer);
   }
-  eval::TaskOptions bad;
-  bad.chains = eval::kChainsMin - 1;
-  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
-  bad.chains = eval::kChainsMax + 1;
-  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
+  expect_count_range_enforced(TaskKind::VarTrack, &eval::TaskOptions::chains, eval::kChainsMin, eval::kChainsMax, tok);
 }
 
 TEST(EvalTasks, PointerPathFollowsTheLinks) {
