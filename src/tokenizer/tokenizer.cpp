@@ -12,6 +12,7 @@
 
 namespace kvpack {
 
+using tokenizer_detail::cpt_to_utf8;
 using tokenizer_detail::kEscapedSpace;
 using tokenizer_detail::parse_byte_token;
 using tokenizer_detail::replace_all;
@@ -25,26 +26,6 @@ constexpr const char* kEogTexts[] = {
     "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",    "<EOT>",         "_<EOT>",
     "<|end_of_text|>", "<end_of_utterance>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
 };
-
-std::string cpt_to_utf8(uint32_t c) {
-  std::string r;
-  if (c < 0x80) {
-    r.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    r.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    r.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    r.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    r.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    r.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    r.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-  return r;
-}
 
 // GPT-2 bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100.. in byte order.
 std::array<uint32_t, 256> byte_to_cpt_table() {
@@ -90,6 +71,26 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   }
   out.append(s, pos, std::string::npos);
   s.swap(out);
+}
+
+std::string cpt_to_utf8(uint32_t c) {
+  std::string r;
+  if (c < 0x80) {
+    r.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    r.push_back(static_cast<char>(0xC0 | (c >> 6)));
+    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    r.push_back(static_cast<char>(0xE0 | (c >> 12)));
+    r.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    r.push_back(static_cast<char>(0xF0 | (c >> 18)));
+    r.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    r.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    r.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+  return r;
 }
 
 }  // namespace tokenizer_detail
