@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "kernels/attention.h"
 #include "util/half.h"
 
@@ -176,11 +177,5 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::AddCustomContext("kvpack_attention_isa", attention_isa());
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return kvpack::bench::run_benchmarks(argc, argv, "kvpack_attention_isa", std::string(attention_isa()), register_all);
 }

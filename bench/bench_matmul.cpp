@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "util/thread_pool.h"
@@ -185,11 +186,5 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::AddCustomContext("kvpack_best_isa", isa_name(best_isa()));
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return kvpack::bench::run_benchmarks(argc, argv, "kvpack_best_isa", std::string(isa_name(best_isa())), register_all);
 }

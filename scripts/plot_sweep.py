@@ -63,6 +63,23 @@ def main(argv):
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
 
+    def plot_percent(ax, col):
+        """One line per policy of 100 * `col` against the budget; `full` is the dashed black baseline."""
+        for p in policies:
+            x, y = series(p, col)
+            if not x:
+                continue
+            if p == "full":
+                ax.plot(x, [100 * v for v in y], linestyle="--", color="black", label="full")
+            else:
+                ax.plot(x, [100 * v for v in y], marker="o", label=p)
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(f"{out_dir}/{name}", dpi=120)
+        plt.close(fig)
+        written.append(name)
+
     # KL: mean (solid) and p99 (dotted), log scale; `full` is 0 everywhere and is not drawn on a log axis.
     if any(num(r.get("mean_kl")) is not None for r in ok):
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -80,47 +97,24 @@ def main(argv):
         ax.set_yscale("log")
         style(ax, "KL(full || compressed), nats", "Mean KL (solid) and p99 KL (dotted) vs budget; full KV = 0")
         ax.legend(fontsize=8, ncol=2)
-        fig.tight_layout()
-        fig.savefig(f"{out_dir}/kl_vs_budget.png", dpi=120)
-        plt.close(fig)
-        written.append("kl_vs_budget.png")
+        save(fig, "kl_vs_budget.png")
 
         fig, ax = plt.subplots(figsize=(8, 5))
-        for p in policies:
-            x, y = series(p, "top1")
-            if not x:
-                continue
-            if p == "full":
-                ax.plot(x, [100 * v for v in y], linestyle="--", color="black", label="full")
-            else:
-                ax.plot(x, [100 * v for v in y], marker="o", label=p)
+        plot_percent(ax, "top1")
         style(ax, "top-1 agreement with full KV (%)", "Top-1 agreement vs budget")
         ax.legend(fontsize=8, ncol=2)
-        fig.tight_layout()
-        fig.savefig(f"{out_dir}/top1_vs_budget.png", dpi=120)
-        plt.close(fig)
-        written.append("top1_vs_budget.png")
+        save(fig, "top1_vs_budget.png")
 
     tasks = [c[len("acc_"):] for c in rows[0].keys() if c.startswith("acc_")]
     tasks = [t for t in tasks if any(num(r.get("acc_" + t)) is not None for r in ok)]
     if tasks:
         fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.5), squeeze=False)
         for ax, t in zip(axes[0], tasks):
-            for p in policies:
-                x, y = series(p, "acc_" + t)
-                if not x:
-                    continue
-                if p == "full":
-                    ax.plot(x, [100 * v for v in y], linestyle="--", color="black", label="full")
-                else:
-                    ax.plot(x, [100 * v for v in y], marker="o", label=p)
+            plot_percent(ax, "acc_" + t)
             style(ax, "exact-match accuracy (%)", f"{t}")
             ax.set_ylim(-5, 105)
         axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(f"{out_dir}/accuracy_vs_budget.png", dpi=120)
-        plt.close(fig)
-        written.append("accuracy_vs_budget.png")
+        save(fig, "accuracy_vs_budget.png")
 
     print("plot_sweep: wrote " + ", ".join(f"{out_dir}/{w}" for w in written), file=sys.stderr)
     return 0

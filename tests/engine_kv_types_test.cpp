@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -24,16 +25,7 @@ namespace {
 
 const std::string kShared = KVPACK_SHARED_DIR;
 
-std::vector<int32_t> test_tokens(const Model& m, int32_t n) {
-  std::vector<int32_t> toks = m.tokenizer().encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-      "One day, she saw a big, red ball. She wanted to play with it, but it was too high. Lily's mom said, "
-      "\"Lily, let's go to the park.\" Lily was sad and didn't know what to do.",
-      m.tokenizer().bos() >= 0);
-  while (static_cast<int32_t>(toks.size()) < n) toks.push_back(toks[toks.size() % 37 + 1]);
-  toks.resize(static_cast<size_t>(n));
-  return toks;
-}
+std::vector<int32_t> test_tokens(const Model& m, int32_t n) { return test::padded_tokens(m, test::kStoryText, n, 37); }
 
 // Teacher-forced logits of every position, [n][n_vocab], with the given KV type and chunk size.
 std::vector<float> all_logits(const Model& m, const std::vector<int32_t>& toks, DType kv_type, int32_t chunk) {
@@ -54,6 +46,16 @@ double worst_rel_err(const std::vector<float>& a, const std::vector<float>& r, i
     worst = std::max(worst, num / den);
   }
   return worst;
+}
+
+// worst_rel_err of the logits with KV types `a` and `b` against those with an F32 KV cache.
+std::pair<double, double> worst_errors_vs_f32_kv(const Model& m, const std::vector<int32_t>& toks, int32_t chunk, DType a,
+                                                 DType b) {
+  const int32_t V = m.config().n_vocab;
+  const auto ref = all_logits(m, toks, DType::F32, chunk);
+  const double ea = worst_rel_err(all_logits(m, toks, a, chunk), ref, V);
+  const double eb = worst_rel_err(all_logits(m, toks, b, chunk), ref, V);
+  return {ea, eb};
 }
 
 std::string tiny_qwen3() {  // head_dim 32: one Q8_0 block per row
@@ -78,11 +80,8 @@ std::string tiny_qwen3() {  // head_dim 32: one Q8_0 block per row
 TEST(KvTypes, Stories260kBf16LogitsStayCloseToF32Kv) {
   auto m = Model::load(kShared + "/models/stories260K.gguf");
   const auto toks = test_tokens(*m, 160);
-  const int32_t V = m->config().n_vocab;
   for (int32_t chunk : {1, 37}) {
-    const auto ref = all_logits(*m, toks, DType::F32, chunk);
-    const double e16 = worst_rel_err(all_logits(*m, toks, DType::F16, chunk), ref, V);
-    const double ebf = worst_rel_err(all_logits(*m, toks, DType::BF16, chunk), ref, V);
+    const auto [e16, ebf] = worst_errors_vs_f32_kv(*m, toks, chunk, DType::F16, DType::BF16);
     std::printf("  stories260K chunk %d: worst relative logit error vs f32 KV: f16 %.3g, bf16 %.3g\n", chunk, e16, ebf);
     EXPECT_LT(ebf, 4e-2);
     EXPECT_GT(ebf, 0.0);  // the cache really is rounded
@@ -108,11 +107,8 @@ TEST(KvTypes, Q8_0AndBf16LogitsStayCloseToF32KvOnHeadDim32Model) {
   auto m = Model::load(tiny_qwen3());
   ASSERT_EQ(m->config().head_dim, 32);
   const auto toks = test_tokens(*m, 120);
-  const int32_t V = m->config().n_vocab;
   for (int32_t chunk : {1, 23}) {
-    const auto ref = all_logits(*m, toks, DType::F32, chunk);
-    const double ebf = worst_rel_err(all_logits(*m, toks, DType::BF16, chunk), ref, V);
-    const double eq8 = worst_rel_err(all_logits(*m, toks, DType::Q8_0, chunk), ref, V);
+    const auto [ebf, eq8] = worst_errors_vs_f32_kv(*m, toks, chunk, DType::BF16, DType::Q8_0);
     std::printf("  tiny-qwen3 chunk %d: worst relative logit error vs f32 KV: bf16 %.3g, q8_0 %.3g\n", chunk, ebf, eq8);
     EXPECT_LT(ebf, 4e-2);
     EXPECT_LT(eq8, 4e-2);

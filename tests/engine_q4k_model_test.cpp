@@ -42,13 +42,10 @@ std::string write(const gguf::RandomModelSpec& s, const std::string& tag) {
 }
 
 std::vector<int32_t> prompt(const Model& m, int32_t n) {
-  std::vector<int32_t> toks = m.tokenizer().encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-      "One day, she saw a big, red ball.",
-      m.tokenizer().bos() >= 0);
-  while (static_cast<int32_t>(toks.size()) < n) toks.push_back(toks[toks.size() % 17 + 1]);
-  toks.resize(static_cast<size_t>(n));
-  return toks;
+  return test::padded_tokens(m,
+                             "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                             "One day, she saw a big, red ball.",
+                             n, 17);
 }
 
 // All positions' logits through the engine, `chunk` tokens per forward call.

@@ -34,13 +34,7 @@ double rel_err(const float* a, const std::vector<double>& r) {
 void check_model(const Model& m, int32_t n_tokens, int32_t chunk, double tol, DType kv_type = DType::F32) {
   const ModelConfig& c = m.config();
   // Tokens: the model's own tokenisation of real text, so attention patterns are realistic.
-  std::vector<int32_t> toks = m.tokenizer().encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-      "One day, she saw a big, red ball. She wanted to play with it, but it was too high. Lily's mom said, "
-      "\"Lily, let's go to the park.\" Lily was sad and didn't know what to do.",
-      m.tokenizer().bos() >= 0);
-  while (static_cast<int32_t>(toks.size()) < n_tokens) toks.push_back(toks[toks.size() % 37 + 1]);
-  toks.resize(static_cast<size_t>(n_tokens));
+  const std::vector<int32_t> toks = test::padded_tokens(m, test::kStoryText, n_tokens, 37);
 
   test::RefForward ref(m);
   std::vector<std::vector<double>> want;

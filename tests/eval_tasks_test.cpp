@@ -42,6 +42,29 @@ std::vector<std::string> lines_of(const std::string& s) {
   return out;
 }
 
+// The count option `field` of a 1024-token task: set to `harness` it gives exactly the harness's prompt
+// (the default options'); returns the task made with `more` instead, checked to still fit the context.
+eval::Task task_with_count(TaskKind kind, int32_t eval::TaskOptions::*field, int32_t harness, int32_t more, uint64_t seed,
+                           const kvpack::Tokenizer& tok) {
+  eval::TaskOptions o;
+  o.*field = harness;
+  EXPECT_EQ(eval::make_task(kind, 1024, seed, &tok, o).prompt, eval::make_task(kind, 1024, seed, &tok).prompt);
+  o.*field = more;
+  eval::Task t = eval::make_task(kind, 1024, seed, &tok, o);
+  EXPECT_LE(t.prompt_tokens + t.max_tokens, 1024);
+  return t;
+}
+
+// make_task(kind) rejects the count option `field` one below `lo` and one above `hi`.
+void expect_count_range_enforced(TaskKind kind, int32_t eval::TaskOptions::*field, int32_t lo, int32_t hi,
+                                 const kvpack::Tokenizer& tok) {
+  eval::TaskOptions bad;
+  for (int32_t v : {lo - 1, hi + 1}) {
+    bad.*field = v;
+    EXPECT_THROW(eval::make_task(kind, 1024, 1, &tok, bad), std::invalid_argument) << "count " << v;
+  }
+}
+
 TEST(EvalTasks, NamesParse) {
   EXPECT_EQ(eval::parse_tasks("all").size(), 3u);
   EXPECT_EQ(eval::parse_tasks("pointer,needle"), (std::vector<TaskKind>{TaskKind::Pointer, TaskKind::Needle}));
@@ -147,13 +170,7 @@ TEST(EvalTasks, NeedleCountIsAnOptionForTrainingData) {
   const kvpack::Tokenizer& tok = model().tokenizer();
   const std::regex needle_re("The magic number for ([a-z]+-[a-z]+) is: ([0-9]{7})\\.");
   for (uint64_t seed = 0; seed < 10; ++seed) {
-    eval::TaskOptions four;
-    four.needles = 4;
-    EXPECT_EQ(eval::make_task(TaskKind::Needle, 1024, seed, &tok, four).prompt, eval::make_task(TaskKind::Needle, 1024, seed, &tok).prompt);
-    eval::TaskOptions eight;
-    eight.needles = 8;
-    const eval::Task t = eval::make_task(TaskKind::Needle, 1024, seed, &tok, eight);
-    EXPECT_LE(t.prompt_tokens + t.max_tokens, 1024);
+    const eval::Task t = task_with_count(TaskKind::Needle, &eval::TaskOptions::needles, 4, 8, seed, tok);
     std::map<std::string, std::string> needles;
     std::set<std::string> values;
     for (const auto& l : lines_of(t.prompt)) {
@@ -169,11 +186,7 @@ TEST(EvalTasks, NeedleCountIsAnOptionForTrainingData) {
     ASSERT_TRUE(needles.count(key)) << q;
     EXPECT_EQ(" " + needles[key], t.answer);
   }
-  eval::TaskOptions bad;
-  bad.needles = eval::kNeedlesMin - 1;
-  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
-  bad.needles = eval::kNeedlesMax + 1;
-  EXPECT_THROW(eval::make_task(TaskKind::Needle, 1024, 1, &tok, bad), std::invalid_argument);
+  expect_count_range_enforced(TaskKind::Needle, &eval::TaskOptions::needles, eval::kNeedlesMin, eval::kNeedlesMax, tok);
 }
 
 TEST(EvalTasks, VarTrackChainResolvesToTheAnswer) {
@@ -219,13 +232,7 @@ TEST(EvalTasks, VarTrackChainCountIsAnOptionForTrainingData) {
   const kvpack::Tokenizer& tok = model().tokenizer();
   const std::regex var_re("VAR ([A-Z]{5}) = (VAR ([A-Z]{5})|([0-9]{5}))\\.");
   for (uint64_t seed = 0; seed < 10; ++seed) {
-    eval::TaskOptions two;
-    two.chains = 2;
-    EXPECT_EQ(eval::make_task(TaskKind::VarTrack, 1024, seed, &tok, two).prompt, eval::make_task(TaskKind::VarTrack, 1024, seed, &tok).prompt);
-    eval::TaskOptions four;
-    four.chains = 4;
-    const eval::Task t = eval::make_task(TaskKind::VarTrack, 1024, seed, &tok, four);
-    EXPECT_LE(t.prompt_tokens + t.max_tokens, 1024);
+    const eval::Task t = task_with_count(TaskKind::VarTrack, &eval::TaskOptions::chains, 2, 4, seed, tok);
     std::map<std::string, std::string> assign;  // name -> rhs name, or "=" + number
     std::set<std::string> rhs_names, numbers;
     for (const auto& l : lines_of(t.prompt)) {
@@ -264,11 +271,7 @@ TEST(EvalTasks, VarTrackChainCountIsAnOptionForTrainingData) {
     }
     EXPECT_EQ(trace + " " + assign[v].substr(1), t.answer);
   }
-  eval::TaskOptions bad;
-  bad.chains = eval::kChainsMin - 1;
-  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
-  bad.chains = eval::kChainsMax + 1;
-  EXPECT_THROW(eval::make_task(TaskKind::VarTrack, 1024, 1, &tok, bad), std::invalid_argument);
+  expect_count_range_enforced(TaskKind::VarTrack, &eval::TaskOptions::chains, eval::kChainsMin, eval::kChainsMax, tok);
 }
 
 TEST(EvalTasks, PointerPathFollowsTheLinks) {

@@ -11,21 +11,15 @@
 #include "server/channel.h"
 #include "server/chat_template.h"
 #include "server/metrics.h"
+#include "server_model_fixture.h"
 
 using namespace kvpack;
 using namespace kvpack::server;
 
 namespace {
 
-const std::string kModel = std::string(KVPACK_SHARED_DIR) + "/models/stories260K.gguf";
-
-class ApiTest : public ::testing::Test {
+class ApiTest : public test::StoriesModelTest {
  protected:
-  static void SetUpTestSuite() { model_ = Model::load(kModel).release(); }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
   void SetUp() override {
     ctx.tokenizer = &model_->tokenizer();
     ctx.model = &model_->config();
@@ -46,10 +40,8 @@ class ApiTest : public ::testing::Test {
     }
     return std::get<ApiError>(r);
   }
-  static Model* model_;
   ApiContext ctx;
 };
-Model* ApiTest::model_ = nullptr;
 
 }  // namespace
 

@@ -27,13 +27,13 @@
 #include "server/api.h"
 #include "server/chat_template.h"
 #include "server/server.h"
+#include "server_model_fixture.h"
 
 using namespace kvpack;
 using json = nlohmann::json;
 
 namespace {
 
-const std::string kModel = std::string(KVPACK_SHARED_DIR) + "/models/stories260K.gguf";
 // The client side may write to a socket the server has closed; that must not kill the test.
 const bool kNoSigpipe = [] { return signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
 
@@ -154,13 +154,8 @@ EngineOptions engine_options() {
   return eo;
 }
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public test::StoriesModelTest {
  protected:
-  static void SetUpTestSuite() { model_ = Model::load(kModel).release(); }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
   void TearDown() override {
     if (srv) {
       srv->stop();
@@ -207,12 +202,10 @@ class ServerTest : public ::testing::Test {
     }, seconds);
   }
 
-  static Model* model_;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<server::Server> srv;
   int port = 0;
 };
-Model* ServerTest::model_ = nullptr;
 
 json completion(const std::string& prompt, int n, bool ignore_eos = false) {
   return json{{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", ignore_eos}};

@@ -12,18 +12,14 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "shared_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvpack {
 namespace {
 
-std::string shared_path(const std::string& rel) { return std::string(KVPACK_SHARED_DIR) + "/" + rel; }
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using test::read_all;
+using test::shared_path;
 
 // Literal transcription of llama2.c run.c's Tokenizer (build_tokenizer / encode / decode), used as the
 // oracle. Quadratic merging, no cleverness.

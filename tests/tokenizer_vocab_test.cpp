@@ -12,18 +12,14 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "shared_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvpack {
 namespace {
 
-std::string shared_path(const std::string& rel) { return std::string(KVPACK_SHARED_DIR) + "/" + rel; }
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using test::read_all;
+using test::shared_path;
 
 std::string escaped(const std::string& s) {
   std::string o = "\"";
@@ -280,20 +276,6 @@ TEST(TokenizerVocab, InvalidUtf8RoundTrips) {
 TEST(TokenizerVocab, RandomRoundTrips) {
   std::mt19937 rng(1234);
   auto rnd = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
-  auto utf8 = [](uint32_t c, std::string& o) {
-    if (c < 0x80) o.push_back(static_cast<char>(c));
-    else if (c < 0x800) { o.push_back(static_cast<char>(0xC0 | (c >> 6))); o.push_back(static_cast<char>(0x80 | (c & 0x3F))); }
-    else if (c < 0x10000) {
-      o.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      o.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      o.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      o.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      o.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      o.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      o.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-  };
   const char* alphabet[] = {" ", "  ", "\n", "\t", "\r\n", "'s", "'LL", "a", "Z", "7", "123", "!", "\xC3\xA9",
                             "\xE2\x96\x81", "\xF0\x9F\x98\x81", "\xE4\xB8\xAD", "\xE2\x80\x8D", "<|im_end|>"};
   for (const char* name : {"llama-spm", "llama-bpe", "gpt-2", "qwen2"}) {
@@ -308,7 +290,7 @@ TEST(TokenizerVocab, RandomRoundTrips) {
         } else if (mode == 1) {
           uint32_t c = rnd(4) == 0 ? rnd(0x110000) : rnd(0x800);
           if (c >= 0xD800 && c <= 0xDFFF) c = 'x';
-          utf8(c, s);
+          s += tokenizer_detail::cpt_to_utf8(c);
         } else {
           s += alphabet[rnd(sizeof(alphabet) / sizeof(alphabet[0]))];
         }

@@ -17,31 +17,20 @@
 // is small (GFLOP/s are printed too). Bandwidth: a --threads-thread streaming read of a 1 GiB buffer,
 // measured before the runs, before each depth (each phase's roofline uses the measurement taken right
 // before it: on a shared machine the bandwidth available moves with other tenants' traffic) and after.
-#include <fcntl.h>
-#include <immintrin.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+//
+// This file: the command, its options, the kvpack side and the phase-by-phase runs; the llama.cpp
+// driver is in cmd_bench_peer_llama.cpp, the bandwidth measurement and the report in
+// cmd_bench_peer_report.cpp (bench_peer.h).
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench_peer.h"
 #include "commands.h"
 #include "compress/compressor.h"
 #include "engine/calibrate.h"
@@ -50,226 +39,11 @@
 
 namespace kvpack::cli {
 
+using namespace bench_peer;  // this command's pieces in the other two files
+
 void add_bench_peer(CLI::App& bench);
 
 namespace {
-
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct PeerOptions {
-  bool quick = false;
-  std::vector<int32_t> depths = {0, 2048, 8192, 16384};
-  int32_t prompt_tokens = 512, decode_tokens = 32, reps = 3, warmup_steps = 2, round_steps = 8;
-  std::string variant = "auto";  // auto | prebuilt | source | none
-  std::string flash_attn = "off";
-  bool build_source = false, kvpack_real_fill = false;
-  std::string peer_dir, node = "node";
-  int64_t bw_mib = 1024;
-  uint64_t seed = 1;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Memory bandwidth: `threads` threads each stream-read their share of one buffer, as 8 interleaved
-// sequential streams per thread (one stream per thread leaves bandwidth unused on this VM: ~26 vs
-// ~34 GB/s; the engines' matmuls read many rows at once), best of `tries`.
-constexpr int kStreams = 8;
-
-__attribute__((target("avx512f"))) uint64_t read_sum_avx512(const uint64_t* p, size_t per) {
-  __m512i a[kStreams];
-  for (auto& v : a) v = _mm512_setzero_si512();
-  for (size_t i = 0; i + 32 <= per; i += 32)
-    for (int s = 0; s < kStreams; ++s) {
-      const uint64_t* q = p + s * per + i;
-      const __m512i x = _mm512_add_epi64(_mm512_loadu_si512(q), _mm512_loadu_si512(q + 8));
-      const __m512i y = _mm512_add_epi64(_mm512_loadu_si512(q + 16), _mm512_loadu_si512(q + 24));
-      a[s] = _mm512_add_epi64(a[s], _mm512_add_epi64(x, y));
-    }
-  __m512i t = a[0];
-  for (int s = 1; s < kStreams; ++s) t = _mm512_add_epi64(t, a[s]);
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes, t);
-  uint64_t sum = 0;
-  for (uint64_t v : lanes) sum += v;
-  return sum;
-}
-
-uint64_t read_sum_generic(const uint64_t* p, size_t per) {
-  uint64_t a[kStreams][4] = {};
-  for (size_t i = 0; i + 4 <= per; i += 4)
-    for (int s = 0; s < kStreams; ++s)
-      for (int j = 0; j < 4; ++j) a[s][j] += p[s * per + i + j];
-  uint64_t t = 0;
-  for (auto& r : a)
-    for (uint64_t v : r) t += v;
-  return t;
-}
-
-uint64_t read_sum(const uint64_t* p, size_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  const size_t per = n / kStreams / 32 * 32;
-  return avx512 ? read_sum_avx512(p, per) : read_sum_generic(p, per);
-}
-
-double measure_bandwidth(int threads, size_t bytes, int tries) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
-  // Touch every page (and give the lanes something to add) from the threads that will read it.
-  {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
-        for (int64_t i = lo; i < hi; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
-      });
-    for (auto& th : ts) th.join();
-  }
-  double best = 0;
-  std::atomic<uint64_t> sink{0};
-  for (int k = 0; k < tries; ++k) {
-    std::atomic<int> ready{0};
-    std::atomic<bool> go{false};
-    std::vector<double> t_end(static_cast<size_t>(threads));
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        sink.fetch_add(read_sum(buf.get() + lo, static_cast<size_t>(hi - lo)), std::memory_order_relaxed);
-        t_end[static_cast<size_t>(t)] = now_s();
-      });
-    while (ready.load() != threads) std::this_thread::yield();
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& th : ts) th.join();
-    const double dt = *std::max_element(t_end.begin(), t_end.end()) - t0;
-    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / dt);
-  }
-  if (sink.load() == 42) std::fprintf(stderr, " ");  // keep the sums alive
-  return best;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The llama.cpp peer: `node llama_bench.mjs --serve ...` with stdin/stdout pipes.
-
-class Peer {
- public:
-  Peer(const std::string& node, const fs::path& script, const std::vector<std::string>& args) {
-    // O_CLOEXEC: a peer started later must not inherit this one's pipe ends (its stdin would never
-    // see EOF); dup2 in the child clears the flag on fds 0 and 1.
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      close(in[0]), close(in[1]), close(out[0]), close(out[1]);
-      std::vector<std::string> all = {node, script.string()};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> av;
-      for (auto& s : all) av.push_back(s.data());
-      av.push_back(nullptr);
-      execvp(av[0], av.data());
-      std::fprintf(stderr, "[peer] cannot run %s: %s\n", node.c_str(), std::strerror(errno));
-      _exit(127);
-    }
-    close(in[0]), close(out[1]);
-    to_ = fdopen(in[1], "w");
-    from_ = fdopen(out[0], "r");
-  }
-  ~Peer() { finish(); }
-
-  json request(const json& req) {
-    std::fprintf(to_, "%s\n", req.dump().c_str());
-    std::fflush(to_);
-    return read();
-  }
-  // Next JSON line from the peer; lines that are not JSON objects are passed through to stderr.
-  json read() {
-    std::string line;
-    for (;;) {
-      line.clear();
-      int c;
-      while ((c = std::fgetc(from_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
-      if (line.empty() && c == EOF) {
-        const int rc = finish();
-        throw std::runtime_error("the llama.cpp driver exited (status " + std::to_string(rc) + ")");
-      }
-      if (!line.empty() && line[0] == '{') {
-        json j = json::parse(line, nullptr, false);
-        if (!j.is_discarded()) {
-          if (j.value("event", "") == "error") throw std::runtime_error("llama.cpp driver: " + j.value("message", std::string("?")));
-          return j;
-        }
-      }
-      std::fprintf(stderr, "[llama.cpp] %s\n", line.c_str());
-    }
-  }
-  int finish() {
-    if (pid_ <= 0) return exit_code_;
-    if (to_) {
-      std::fprintf(to_, "{\"cmd\":\"quit\"}\n");
-      std::fclose(to_);
-      to_ = nullptr;
-    }
-    if (from_) std::fclose(from_), from_ = nullptr;
-    int st = 0;
-    // Give it 20 s to dispose of its context and exit, then terminate it.
-    bool done = false;
-    for (int i = 0; i < 200 && !done; ++i) {
-      done = waitpid(pid_, &st, WNOHANG) == pid_;
-      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (!done) {
-      std::fprintf(stderr, "[peer] the llama.cpp driver (pid %d) did not exit after quit: terminating it\n", static_cast<int>(pid_));
-      kill(pid_, SIGTERM);
-      waitpid(pid_, &st, 0);
-    }
-    pid_ = -1;
-    exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return exit_code_;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-  int exit_code_ = 0;
-};
-
-fs::path default_peer_dir() {
-  // This file lives in <repo>/tools/; the driver in <repo>/scripts/peer/ (absolute __FILE__ under CMake).
-  fs::path here = fs::path(__FILE__);
-  if (here.is_absolute()) {
-    fs::path p = here.parent_path().parent_path() / "scripts" / "peer";
-    if (fs::exists(p / "llama_bench.mjs")) return p;
-  }
-  return fs::path("scripts") / "peer";
-}
-
-void ensure_node_modules(const fs::path& dir) {
-  if (fs::exists(dir / "node_modules" / "node-llama-cpp" / "package.json") &&
-      fs::exists(dir / "node_modules" / "@node-llama-cpp" / "linux-x64" / "package.json"))
-    return;
-  const std::string cmd = "cd '" + dir.string() + "' && npm install --omit=optional --ignore-scripts --no-audit --no-fund 1>&2";
-  std::fprintf(stderr,
-               "[peer] node-llama-cpp is not installed in %s/node_modules: installing it (pinned in package.json; the prebuilt\n"
-               "[peer] linux-x64 CPU binaries only, no CUDA/Vulkan packages, no install scripts):\n[peer] $ %s\n",
-               dir.c_str(), cmd.c_str());
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("npm install failed in " + dir.string());
-}
 
 // ---------------------------------------------------------------------------------------------
 // kvpack measurements through the engine API.
@@ -324,150 +98,6 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
     if (i >= warmup) steps.push_back(dt);
   }
   return steps;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-std::string machine_line() {
-  std::string cpu = "unknown CPU";
-  std::ifstream ci("/proc/cpuinfo");
-  std::string line;
-  bool avx512 = false, bf16 = false, vnni = false, amx = false;
-  while (std::getline(ci, line)) {
-    if (line.rfind("model name", 0) == 0 && cpu == "unknown CPU") cpu = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0) {
-      avx512 = line.find(" avx512f") != std::string::npos;
-      bf16 = line.find(" avx512_bf16") != std::string::npos;
-      vnni = line.find(" avx512_vnni") != std::string::npos;
-      amx = line.find(" amx_tile") != std::string::npos;
-    }
-  }
-  long mem_kb = 0;
-  std::ifstream mi("/proc/meminfo");
-  while (std::getline(mi, line))
-    if (line.rfind("MemTotal:", 0) == 0) mem_kb = std::atol(line.c_str() + 9);
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s, %u logical CPUs, %.0f GiB RAM, AVX-512 %s (bf16 %s, VNNI %s), AMX %s", cpu.c_str(),
-                std::thread::hardware_concurrency(), mem_kb / 1048576.0, avx512 ? "yes" : "no", bf16 ? "yes" : "no",
-                vnni ? "yes" : "no", amx ? "yes" : "no");
-  return buf;
-}
-
-// "1.23" from /proc/loadavg (1-minute load): on a shared machine, how many other runnable threads there were.
-std::string loadavg() {
-  std::ifstream f("/proc/loadavg");
-  std::string one = "?";
-  f >> one;
-  return one;
-}
-
-std::string gib(double b) {
-  char s[32];
-  if (b >= 1 << 30)
-    std::snprintf(s, sizeof s, "%.2f GiB", b / (1 << 30));
-  else if (b >= 1 << 20)
-    std::snprintf(s, sizeof s, "%.0f MiB", b / (1 << 20));
-  else
-    std::snprintf(s, sizeof s, "%.0f KiB", b / 1024);
-  return s;
-}
-
-// "12.34" or "-" when the engine did not run.
-std::string tps(double v) {
-  if (v <= 0) return "-";
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f", v);
-  return s;
-}
-std::string pct(double v, double roof) {
-  if (v <= 0) return "-";
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f%%", 100 * v / roof);
-  return s;
-}
-std::string ratio(double a, double b) {
-  if (a <= 0 || b <= 0) return "-";
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f", a / b);
-  return s;
-}
-
-struct PeerChoice {
-  std::unique_ptr<Peer> peer;
-  json ready;
-  std::string variant;
-};
-
-std::vector<std::string> peer_args(const std::string& model, const PeerOptions& b, int threads, int batch, int ctx,
-                                   const std::string& variant) {
-  return {"--serve",   "--model",      model,          "--threads", std::to_string(threads), "--batch", std::to_string(batch),
-          "--ctx",     std::to_string(ctx), "--variant", variant,   "--flash-attn",          b.flash_attn};
-}
-
-std::unique_ptr<Peer> start_peer(const PeerOptions& b, const fs::path& dir, const std::vector<std::string>& args, json& ready) {
-  auto p = std::make_unique<Peer>(b.node, dir / "llama_bench.mjs", args);
-  try {
-    ready = p->read();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[peer] %s\n", e.what());
-    return nullptr;
-  }
-  return p;
-}
-
-PeerChoice choose_peer(const PeerOptions& b, const fs::path& dir, const std::string& model, int threads, int batch, int ctx) {
-  PeerChoice c;
-  if (b.build_source) {
-    std::fprintf(stderr, "[peer] building llama.cpp from node-llama-cpp's bundled source (GGML_NATIVE=ON; ~25 min on 2 busy cores)\n");
-    Peer bp(b.node, dir / "llama_bench.mjs", {"--build-source", "--threads", std::to_string(threads)});
-    json r = bp.read();
-    std::fprintf(stderr, "[peer] build: %s\n", r.dump().c_str());
-  }
-  if (b.variant == "prebuilt" || b.variant == "source") {
-    c.peer = start_peer(b, dir, peer_args(model, b, threads, batch, ctx, b.variant), c.ready);
-    if (!c.peer) throw std::runtime_error("llama.cpp (" + b.variant + ") could not be started; see the messages above");
-    c.variant = b.variant;
-    return c;
-  }
-  // auto: start the prebuilt binaries and (when built) the source build side by side, alternate short
-  // probes (prefill 128, 8 decode steps at depth 0; round 0 is warm-up), keep the faster at decode.
-  json r_pre, r_src;
-  auto pre = start_peer(b, dir, peer_args(model, b, threads, batch, ctx, "prebuilt"), r_pre);
-  auto src = start_peer(b, dir, peer_args(model, b, threads, batch, ctx, "source"), r_src);
-  if (!pre && !src) throw std::runtime_error("neither llama.cpp variant could be started; see the messages above");
-  if (!src) std::printf("# llama.cpp source build not available (build it once with --llama-build-source): prebuilt binaries\n");
-  if (!pre) std::printf("# llama.cpp prebuilt binaries not usable (see the messages above): source build\n");
-  if (pre && src) {
-    std::fprintf(stderr, "[peer] probing the prebuilt binaries against the source build (4 alternating rounds)\n");
-    std::vector<double> pf[2], st[2];
-    Peer* ps[2] = {pre.get(), src.get()};
-    for (int round = 0; round < 4; ++round)
-      for (int k = 0; k < 2; ++k) {
-        const int i = (round + k) % 2;
-        const json a = ps[i]->request({{"cmd", "prefill"}, {"n", 128}, {"reps", 1}, {"warmup", 0}});
-        const json d = ps[i]->request({{"cmd", "steps"}, {"n", 8}, {"warmup", 1}});
-        if (round == 0) continue;
-        pf[i].push_back(a["seconds"][0].get<double>());
-        for (double x : d["steps"].get<std::vector<double>>()) st[i].push_back(x);
-      }
-    const double pre_pf = 128 / median(pf[0]), pre_dc = 1 / median(st[0]);
-    const double src_pf = 128 / median(pf[1]), src_dc = 1 / median(st[1]);
-    std::printf("# llama.cpp probe, prebuilt:     prefill(128) %.2f tok/s, decode(depth 0) %.2f tok/s\n", pre_pf, pre_dc);
-    std::printf("# llama.cpp probe, source build: prefill(128) %.2f tok/s, decode(depth 0) %.2f tok/s\n", src_pf, src_dc);
-    if ((src_pf > pre_pf) != (src_dc > pre_dc))
-      std::printf("# note: one variant is faster at prefill, the other at decode; decode decides\n");
-    const bool use_src = src_dc > pre_dc;
-    (use_src ? pre : src)->finish();
-    c.peer = std::move(use_src ? src : pre);
-    c.ready = use_src ? r_src : r_pre;
-    c.variant = use_src ? "source" : "prebuilt";
-  } else {
-    c.peer = std::move(src ? src : pre);
-    c.ready = src ? r_src : r_pre;
-    c.variant = src ? "source" : "prebuilt";
-  }
-  std::fflush(stdout);
-  return c;
 }
 
 }  // namespace
@@ -585,12 +215,6 @@ void add_bench_peer(CLI::App& bench) {
     const double head_params = static_cast<double>(c.n_embd) * c.n_vocab;
     const double attn_flops_per_pos = 4.0 * c.n_layer * c.n_head * c.head_dim;  // QK^T and PV per (query, key)
 
-    struct Row {
-      std::string phase;
-      int32_t n;
-      double kv_tps, ll_tps, bytes_per_token, bw;  // bw: measured right before the phase
-      std::string extra;
-    };
     std::vector<Row> rows;
     std::mt19937 rng(static_cast<uint32_t>(b->seed));
 
@@ -740,18 +364,7 @@ void add_bench_peer(CLI::App& bench) {
     std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each roofline uses the measurement "
                 "taken right before its phase; the spread is other tenants' memory traffic)\n",
                 loadavg().c_str(), bw1 / 1e9, bw_max / 1e9);
-    // Markdown table, ready for docs/performance.md.
-    std::printf("\n| phase | kvpack tok/s | llama.cpp tok/s | kvpack / llama.cpp | GB/s | bytes/token | roofline tok/s | kvpack %% of roofline | "
-                "llama.cpp %% of roofline |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (const Row& r : rows) {
-      const double roof = r.bw / r.bytes_per_token;
-      std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
-                  tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), r.bw / 1e9, gib(r.bytes_per_token).c_str(),
-                  roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
-    }
-    for (const Row& r : rows)
-      if (r.phase.rfind("decode-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
+    print_table(rows);
   });
 }
 

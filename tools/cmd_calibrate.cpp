@@ -1,9 +1,7 @@
 // `kvpack calibrate`: TriAttention query statistics for a model, from one pass over plain text.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 
 #include "commands.h"
@@ -26,10 +24,7 @@ void add_calibrate(CLI::App& app) {
   cmd->callback([=] {
     auto model = load_model(*o);
     const ModelConfig& c = model->config();
-    std::ifstream in(*text_path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string text = read_file(*text_path).value_or("");
     // Tokenise at most what we need (about 8 bytes per token is generous for English).
     const std::string head = text.substr(0, static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(text.size()), *max_tokens * 8)));
     std::vector<int32_t> toks = model->tokenizer().encode(head, false);

@@ -1,9 +1,9 @@
 // `kvpack generate`: stream generated text to stdout; statistics go to stderr.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "commands.h"
 #include "engine/engine.h"
@@ -41,11 +41,9 @@ void add_generate(CLI::App& app) {
     const Tokenizer& tok = model->tokenizer();
     std::string text = *prompt;
     if (!prompt_file->empty()) {
-      std::ifstream in(*prompt_file, std::ios::binary);
-      if (!in) throw std::runtime_error("cannot read prompt file " + *prompt_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
+      std::optional<std::string> file_text = read_file(*prompt_file);
+      if (!file_text) throw std::runtime_error("cannot read prompt file " + *prompt_file);
+      text = std::move(*file_text);
     }
     Request req;
     req.prompt = tok.encode(text, tok.bos() >= 0);

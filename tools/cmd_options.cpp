@@ -1,4 +1,6 @@
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "commands.h"
 #include "kernels/attention.h"
@@ -86,6 +88,14 @@ std::string format_bytes(size_t b) {
   else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
   else std::snprintf(buf, sizeof buf, "%zu B", b);
   return buf;
+}
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv) {

@@ -1,13 +1,12 @@
 // `kvpack tokenize`: print token ids of a text, like llama.cpp's tokenize tool. Works with any GGUF that
 // has a vocab (vocab-only files included) and with llama2.c tokenizer files.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 
 #include "commands.h"
 #include "gguf/gguf.h"
+#include "options.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvpack::cli {
@@ -31,12 +30,7 @@ void add_tokenize(CLI::App& app) {
   cmd->callback([o] {
     if (o->model.empty() == o->tokenizer.empty()) throw std::runtime_error("give exactly one of -m MODEL or --tokenizer FILE");
     std::string text = o->prompt;
-    if (!o->file.empty()) {
-      std::ifstream in(o->file, std::ios::binary);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
-    }
+    if (!o->file.empty()) text = read_file(o->file).value_or("");
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<Tokenizer> tok;
     if (!o->model.empty()) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -41,5 +42,8 @@ std::unique_ptr<Model> load_model(const ModelOptions& o);  // prints a one-line 
 EngineOptions engine_options(const ModelOptions& o);
 void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv);
 std::string format_bytes(size_t b);
+// The whole file as bytes; nullopt if it cannot be opened (commands that took the path through
+// CLI::ExistingFile treat that as empty text, `generate -f` as an error).
+std::optional<std::string> read_file(const std::string& path);
 
 }  // namespace kvpack::cli

@@ -12,12 +12,10 @@ GGUF against torch through the kvpack binary -> `kvpack eval tasks` on the held-
 Requires Debian's python3-torch, python3-numpy, python3-matplotlib; the kvpack binary (--kvpack).
 """
 import argparse
-import csv
 import hashlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,160 +31,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testbed.bpe import BPE, train_bpe  # noqa: E402
+from testbed.cli import parse_stages  # noqa: E402
+from testbed.cli import parse_args as parse_cli  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
 from testbed.data import CHUNK, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
 from testbed.model import Config, Model, digit_parts_for, is_number_token  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
-              "tf_needle", "tf_vartrack", "tf_pointer", "tok_per_s", "data_s"]
-EVAL_COLS = ["step", "elapsed_s", "tokens", "ctx", "val_text_loss", "needle", "vartrack", "pointer", "n"]
-
-
-class StopOnSignal:
-    """While active, SIGTERM and SIGINT only record the signal (the training loop saves a checkpoint and returns),
-    so an interrupted run loses nothing and continues with --resume. Main thread only (Python signal rule)."""
-
-    def __enter__(self):
-        self.signal = None
-        self.old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-
-    def __exit__(self, *exc):
-        for sig, h in self.old.items():
-            signal.signal(sig, h)
-        return False
-
+from testbed.runlog import (EVAL_COLS, TRAIN_COLS, Logger, StopOnSignal, csv_append, csv_truncate,  # noqa: E402
+                            fresh_acc, plot_training)
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", required=True, help="plain English text (e.g. ../shared/corpora/austen.txt)")
-    ap.add_argument("--out", required=True, help="run directory (checkpoints, logs, data cache, model.gguf)")
-    ap.add_argument("--minutes", type=float, default=85.0, help="wall-clock budget of the training loop (all sessions)")
-    ap.add_argument("--steps", type=int, default=0, help="train exactly this many steps instead (schedule by step)")
-    ap.add_argument("--ctx", type=int, default=2048, help="trained (final) context length")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", default="cpu", help="torch device (cpu; 'cuda' is untested)")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--kvpack", default=os.path.join(REPO, "build-train", "kvpack"))
-    # model
-    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "llama"])
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--embd", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--ff", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=4096, help="BPE vocab: 256 bytes + merges (+676 A-Z pairs) + 1 special")
-    ap.add_argument("--no-upper-pairs", action="store_true", help="no two-letter uppercase tokens")
-    ap.add_argument("--pre", default="qwen2", choices=["qwen2", "llama-bpe"],
-                    help="pre-tokenizer: qwen2 (one token per digit) or llama-bpe (up to 3 digits per pre-token)")
-    ap.add_argument("--digit-tokens", type=int, nargs="?", const=3, default=0, choices=(0, 2, 3),
-                    help="with --pre llama-bpe: every 2- and (with 3, the default) 3-digit string is a token, "
-                         "no learned merge has a digit")
-    ap.add_argument("--digit-embd", action="store_true",
-                    help="number tokens' embeddings = a free row + shared per-(length, position, digit) vectors "
-                         "(training only: the GGUF holds the folded table)")
-    ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--wtype", default="f16", choices=["f16", "bf16", "f32"], help="GGUF weight type")
-    # optimisation
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup", type=float, default=0.02, help="fraction of the run")
-    ap.add_argument("--wd", type=float, default=0.1)
-    ap.add_argument("--tokens-per-step", type=int, default=8192)
-    ap.add_argument("--fp32", action="store_true", help="no bf16 autocast (small models: fp32 is as fast on CPUs without AMX)")
-    # data
-    ap.add_argument("--stages", default="",
-                    help="curriculum 'ctx:fraction,...' (default: 384:.3,768:.25,1280:.2,CTX:.25 for CTX=2048)")
-    ap.add_argument("--task-frac", type=float, default=0.6, help="share of sequences that are task samples")
-    ap.add_argument("--task-weights", default="1,2,1", help="relative frequency of needle,vartrack,pointer")
-    ap.add_argument("--austen-filler-frac", type=float, default=0.3,
-                    help="share of task samples whose filler is corpus sentences (the rest: built-in filler)")
-    ap.add_argument("--answer-weight", type=float, default=5.0, help="loss weight of answer tokens")
-    ap.add_argument("--number-weight", type=float, default=0.0,
-                    help="loss weight of answer tokens that are numbers (1-3 digits); 0: --answer-weight")
-    ap.add_argument("--copy-frac", type=float, default=0.0,
-                    help="share of rows that are random-segment copy rows (induction warm-up), while progress < --copy-until")
-    ap.add_argument("--copy-until", type=float, default=0.3, help="progress at which copy rows stop")
-    ap.add_argument("--extra-questions", type=int, default=3,
-                    help="more questions (same format, about the same prompt) appended to each training sample")
-    ap.add_argument("--train-needles", type=int, default=4,
-                    help="needles per training needle prompt (4-32; held-out prompts keep 4): more needles, more "
-                         "extra questions per needle row")
-    ap.add_argument("--train-chains", type=int, default=2,
-                    help="variable chains per training vartrack prompt (2-8; held-out prompts keep 2): each extra chain "
-                         "adds a 4-hop question the extra questions can ask")
-    # evaluation / io
-    ap.add_argument("--eval-every", type=float, default=10.0, help="minutes between held-out evaluations")
-    ap.add_argument("--eval-n", type=int, default=20, help="held-out samples per task per evaluation")
-    ap.add_argument("--eval-seed", type=int, default=1000, help="held-out seed (= kvpack eval tasks --seed)")
-    ap.add_argument("--final-eval-n", type=int, default=50, help="kvpack eval tasks samples per task at the end (0: skip)")
-    ap.add_argument("--ckpt-every", type=float, default=5.0, help="minutes between checkpoints")
-    ap.add_argument("--log-every", type=float, default=30.0, help="seconds between train-log rows")
-    ap.add_argument("--check-gguf", action="store_true", help="only: export the checkpoint and check the GGUF")
-    ap.add_argument("--export-only", action="store_true", help="only: export the checkpoint to OUT/model.gguf")
-    ap.add_argument("--export-ctx", type=int, default=0,
-                    help="with --export-only: write OUT/model-ctxN.gguf whose context_length is N instead of the "
-                         "trained context (to evaluate beyond it; kvpack refuses a context above the model's)")
-    ap.add_argument("--skip-check", action="store_true",
-                    help="no GGUF check / final kvpack eval (recipe exploration where the kvpack binary cannot run)")
-    return ap.parse_args(argv)
-
-
-def default_stages(ctx):
-    cs = [c for c in (384, 768, 1280) if c < ctx] + [ctx]
-    fr = {1: [1.0], 2: [0.5, 0.5], 3: [0.4, 0.3, 0.3], 4: [0.3, 0.25, 0.2, 0.25]}[len(cs)]
-    return list(zip(cs, fr))
-
-
-def parse_stages(s, ctx):
-    if not s:
-        return default_stages(ctx)
-    st = [(int(a), float(b)) for a, b in (x.split(":") for x in s.split(","))]
-    tot = sum(f for _, f in st)
-    return [(c, f / tot) for c, f in st]
-
-
-class Logger:
-    def __init__(self, path):
-        self.f = open(path, "a")
-
-    def __call__(self, msg):
-        line = time.strftime("%H:%M:%S ") + msg
-        print(line, flush=True)
-        self.f.write(line + "\n")
-        self.f.flush()
-
-
-def csv_append(path, cols, row):
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(cols)
-        w.writerow([row.get(c, "") for c in cols])
-
-
-def csv_truncate(path, max_step):
-    """On resume: drop rows logged after the checkpoint."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        rows = list(csv.reader(f))
-    keep = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= max_step]
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows(keep)
-
-
-def fresh_acc():
-    """Train-log accumulators, reset after every logged row."""
-    return {"loss": 0.0, "n": 0, "text": [0.0, 0], "ans": [0.0, 0], "copy": [0.0, 0], "tok": 0, "time": 0.0, "data": 0.0}
+    return parse_cli(argv, description=__doc__)  # --help shows this file's docstring
 
 
 class Run:
@@ -596,59 +451,9 @@ class Run:
             a.ctx, a.eval_seed, time.time() - t0,
             ", ".join(f"{k} {v[2] * 100:.1f}% ({v[0]}/{v[1]})" for k, v in res.items())))
         return {"command": " ".join(cmd), "seconds": round(time.time() - t0, 1), "tasks": res}
-
     def plot(self):
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            self.log("plot: matplotlib missing (apt-get install python3-matplotlib)")
-            return
-        def read(p):
-            p = os.path.join(self.a.out, p)
-            if not os.path.exists(p):
-                return []
-            with open(p) as f:
-                return list(csv.DictReader(f))
-        tr, ev = read("train_log.csv"), read("eval_log.csv")
-        if not tr:
-            return
-        fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
-        mt = lambda r, k: [float(x[k]) / 1e6 for x in r if x[k] != ""]
-        for k, lab in (("loss", "weighted loss"), ("text_loss", "Austen text"), ("answer_loss", "answer tokens"),
-                       ("copy_loss", "copy rows (repeats)")):
-            rows = [x for x in tr if x.get(k, "") != ""]
-            ax[0].plot([float(x["tokens"]) / 1e6 for x in rows], [float(x[k]) for x in rows], label=lab)
-        ax[0].set_xlabel("training tokens (M)")
-        ax[0].set_ylabel("cross-entropy (nats/token)")
-        ax[0].set_yscale("log")
-        ax[0].legend()
-        ax[0].grid(alpha=0.3)
-        styles = ["-", "--", "-.", ":", (0, (1, 3)), (0, (5, 5))]
-        for i, row_ctx in enumerate(sorted({int(x["ctx"]) for x in ev})):
-            rows = [x for x in ev if int(x["ctx"]) == row_ctx]
-            for t, col in zip(TASKS, ("tab:blue", "tab:orange", "tab:green")):
-                ax[1].plot([float(x["tokens"]) / 1e6 for x in rows], [float(x[t]) * 100 for x in rows],
-                           linestyle=styles[i % len(styles)], color=col, marker="o", ms=3, label=f"{t} @ {row_ctx}")
-        ax[1].set_xlabel("training tokens (M)")
-        ax[1].set_ylabel("held-out exact match (%), teacher-forced")
-        ax[1].set_ylim(-2, 102)
-        ax[1].legend(fontsize=7, ncol=2)
-        ax[1].grid(alpha=0.3)
-        # stage boundaries
-        prev = None
-        for x in tr:
-            if prev is not None and x["ctx"] != prev:
-                for axx in ax:
-                    axx.axvline(float(x["tokens"]) / 1e6, color="gray", lw=0.6, ls=":")
-            prev = x["ctx"]
-        fig.suptitle(f"testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd}: {self.step} steps, "
-                     f"{self.elapsed / 60:.0f} min")
-        fig.tight_layout()
-        path = os.path.join(self.a.out, "training.png")
-        fig.savefig(path, dpi=110)
-        self.log(f"plot: {path}")
+        plot_training(self.a.out, TASKS, f"testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd}: "
+                      f"{self.step} steps, {self.elapsed / 60:.0f} min", self.log)
 
     def summary(self, gguf, size, check, final):
         a = self.a

@@ -77,6 +77,23 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+
+// A row's result for task `kind` (the last one if it ran twice), nullptr if it did not run.
+const TaskResult* task_result(const SweepRow& r, TaskKind kind) {
+  const TaskResult* t = nullptr;
+  for (const auto& x : r.tasks)
+    if (x.kind == kind) t = &x;
+  return t;
+}
+
+// The largest resident KV of the row's task runs among `kinds` (0 if none ran).
+size_t task_peak_kv_bytes(const SweepRow& r, const std::vector<TaskKind>& kinds) {
+  size_t peak = 0;
+  for (TaskKind kind : kinds)
+    if (const TaskResult* t = task_result(r, kind)) peak = std::max(peak, t->peak_resident_kv_bytes);
+  return peak;
+}
+
 }  // namespace
 
 SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::function<void(const std::string&)>& log) {
@@ -242,20 +259,14 @@ void write_csv(const std::string& path, const SweepResult& res, const SweepOptio
       out << std::string(16, ',');
     }
     if (opt.tasks) {
-      size_t peak = 0;
       for (TaskKind kind : opt.task_kinds) {
-        const TaskResult* t = nullptr;
-        for (const auto& x : r.tasks)
-          if (x.kind == kind) t = &x;
-        if (t) {
+        if (const TaskResult* t = task_result(r, kind))
           out << "," << fmt("%.4f", t->accuracy) << "," << t->n;
-          peak = std::max(peak, t->peak_resident_kv_bytes);
-        } else {
+        else
           out << ",,";
-        }
       }
       out << ",";
-      if (!r.tasks.empty()) out << peak;
+      if (!r.tasks.empty()) out << task_peak_kv_bytes(r, opt.task_kinds);
     }
     out << "\n";
   }
@@ -294,19 +305,13 @@ std::string markdown_table(const SweepResult& res, const SweepOptions& opt) {
         << (k.compression.events > 0 ? fmt("%.3f", k.compression.reclaim_efficiency()) : std::string("–")) << " |";
     }
     if (opt.tasks) {
-      size_t peak = 0;
       for (TaskKind kind : opt.task_kinds) {
-        const TaskResult* t = nullptr;
-        for (const auto& x : r.tasks)
-          if (x.kind == kind) t = &x;
-        if (t) {
+        if (const TaskResult* t = task_result(r, kind))
           o << " " << fmt("%.0f%%", 100 * t->accuracy) << " (" << t->correct << "/" << t->n << ") |";
-          peak = std::max(peak, t->peak_resident_kv_bytes);
-        } else {
+        else
           o << " – |";
-        }
       }
-      o << " " << fmt_bytes(peak) << " |";
+      o << " " << fmt_bytes(task_peak_kv_bytes(r, opt.task_kinds)) << " |";
     }
     o << "\n";
   }

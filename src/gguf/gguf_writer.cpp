@@ -12,6 +12,9 @@
 #include <cstring>
 #include <limits>
 #include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "gguf/gguf.h"
 
@@ -177,62 +180,57 @@ void Writer::set_value(std::string key, Value v) {
   kv_.push_back({std::move(key), std::move(v)});
 }
 
-void Writer::set_string(std::string key, std::string v) {
+namespace {
+
+// The setters below differ only in the value type and the field of Value that holds the payload.
+template <class Field, class T>
+Value scalar_value(ValueType type, Field Value::*field, T v) {
   Value x;
-  x.type = ValueType::STRING;
-  x.s = std::move(v);
-  set_value(std::move(key), std::move(x));
+  x.type = type;
+  x.*field = std::move(v);
+  return x;
+}
+
+template <class Elem, class T>
+Value array_value(ValueType elem_type, std::vector<Elem> Value::*field, std::vector<T> v) {
+  Value x;
+  x.type = ValueType::ARRAY;
+  x.elem_type = elem_type;
+  if constexpr (std::is_same_v<Elem, T>)
+    x.*field = std::move(v);
+  else
+    (x.*field).assign(v.begin(), v.end());  // widened to the reader's element representation
+  return x;
+}
+
+}  // namespace
+
+void Writer::set_string(std::string key, std::string v) {
+  set_value(std::move(key), scalar_value(ValueType::STRING, &Value::s, std::move(v)));
 }
 void Writer::set_u32(std::string key, uint32_t v) {
-  Value x;
-  x.type = ValueType::UINT32;
-  x.u = v;
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), scalar_value(ValueType::UINT32, &Value::u, v));
 }
 void Writer::set_i32(std::string key, int32_t v) {
-  Value x;
-  x.type = ValueType::INT32;
-  x.i = v;
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), scalar_value(ValueType::INT32, &Value::i, v));
 }
 void Writer::set_u64(std::string key, uint64_t v) {
-  Value x;
-  x.type = ValueType::UINT64;
-  x.u = v;
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), scalar_value(ValueType::UINT64, &Value::u, v));
 }
 void Writer::set_f32(std::string key, float v) {
-  Value x;
-  x.type = ValueType::FLOAT32;
-  x.f = v;
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), scalar_value(ValueType::FLOAT32, &Value::f, v));
 }
 void Writer::set_bool(std::string key, bool v) {
-  Value x;
-  x.type = ValueType::BOOL;
-  x.i = v ? 1 : 0;
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), scalar_value(ValueType::BOOL, &Value::i, v ? 1 : 0));
 }
 void Writer::set_string_array(std::string key, std::vector<std::string> v) {
-  Value x;
-  x.type = ValueType::ARRAY;
-  x.elem_type = ValueType::STRING;
-  x.strs = std::move(v);
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), array_value(ValueType::STRING, &Value::strs, std::move(v)));
 }
 void Writer::set_f32_array(std::string key, std::vector<float> v) {
-  Value x;
-  x.type = ValueType::ARRAY;
-  x.elem_type = ValueType::FLOAT32;
-  x.floats.assign(v.begin(), v.end());
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), array_value(ValueType::FLOAT32, &Value::floats, std::move(v)));
 }
 void Writer::set_i32_array(std::string key, std::vector<int32_t> v) {
-  Value x;
-  x.type = ValueType::ARRAY;
-  x.elem_type = ValueType::INT32;
-  x.ints.assign(v.begin(), v.end());
-  set_value(std::move(key), std::move(x));
+  set_value(std::move(key), array_value(ValueType::INT32, &Value::ints, std::move(v)));
 }
 void Writer::set_alignment(uint32_t alignment) { set_u32("general.alignment", alignment); }
 

@@ -1,7 +1,9 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
+#include <utility>
 
 namespace kvpack::server {
 namespace {
@@ -26,6 +28,12 @@ class Writer {
   }
   template <class T>
   void sample(const std::string& name_and_labels, T value) { os_ << name_and_labels << ' ' << num(value) << '\n'; }
+  // A counter split by one label: name{label="value"} per entry, in the order given.
+  void by_label(const std::string& name, const char* help, const char* label,
+                std::initializer_list<std::pair<const char*, int64_t>> values) {
+    head("counter", name, help);
+    for (const auto& [value, n] : values) sample(name + '{' + label + "=\"" + value + "\"}", n);
+  }
   void histogram(const std::string& name, const char* help, const Histogram& h) {
     head("histogram", name, help);
     uint64_t cum = 0;  // Prometheus buckets are cumulative; Histogram's are per bucket
@@ -80,10 +88,8 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   w.metric("counter", "kvpack_prefix_cache_evictions_total", "Blocks dropped from the prefix cache.", p.evictions);
   w.metric("gauge", "kvpack_prefix_cache_blocks", "Blocks held by the prefix cache.", p.cached_blocks);
   // Scheduling.
-  w.head("counter", "kvpack_preemptions_total", "Running sequences preempted (recompute) to free KV pages, by victim policy.");
-  w.sample("kvpack_preemptions_total{reason=\"lru\"}", m.preemptions_lru);
-  w.sample("kvpack_preemptions_total{reason=\"lfu\"}", m.preemptions_lfu);
-  w.sample("kvpack_preemptions_total{reason=\"priority\"}", m.preemptions_priority);
+  w.by_label("kvpack_preemptions_total", "Running sequences preempted (recompute) to free KV pages, by victim policy.",
+             "reason", {{"lru", m.preemptions_lru}, {"lfu", m.preemptions_lfu}, {"priority", m.preemptions_priority}});
   w.metric("gauge", "kvpack_requests_running", "Sequences in the running batch.", m.running);
   w.metric("gauge", "kvpack_requests_waiting", "Requests queued for admission.", m.waiting);
   w.metric("gauge", "kvpack_requests_peak_running", "Largest running batch seen.", m.peak_running);
@@ -98,10 +104,8 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   // HTTP layer.
   w.metric("gauge", "kvpack_http_active_requests", "Generation requests being served.", h.active_requests);
   w.metric("gauge", "kvpack_http_max_concurrent_requests", "Concurrency limit (--max-concurrent).", h.max_concurrent);
-  w.head("counter", "kvpack_http_rejected_total", "Requests refused before generation, by reason.");
-  w.sample("kvpack_http_rejected_total{reason=\"concurrency\"}", h.rejected_concurrency);
-  w.sample("kvpack_http_rejected_total{reason=\"queue_full\"}", h.rejected_queue_full);
-  w.sample("kvpack_http_rejected_total{reason=\"shutdown\"}", h.rejected_shutdown);
+  w.by_label("kvpack_http_rejected_total", "Requests refused before generation, by reason.", "reason",
+             {{"concurrency", h.rejected_concurrency}, {"queue_full", h.rejected_queue_full}, {"shutdown", h.rejected_shutdown}});
   w.metric("counter", "kvpack_http_client_disconnects_total", "Requests cancelled because the client disconnected.",
            h.client_disconnects);
   w.head("counter", "kvpack_http_responses_total", "HTTP responses by status code.");

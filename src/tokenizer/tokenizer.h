@@ -97,6 +97,9 @@ namespace tokenizer_detail {
 // Exposed for tests: split `text` into pre-tokens (raw UTF-8 byte ranges, before byte encoding) with
 // the regex of BPE pre-tokenizer `pre` ("gpt-2", "llama-bpe", "qwen2", "default", ...).
 std::vector<std::string> pretokenize(std::string_view pre, std::string_view text);
+// UTF-8 bytes of code point `c` (1 to 4 bytes by its magnitude, no validity check). Used for the GPT-2
+// byte-to-unicode table; exposed for tests that build random UTF-8 text.
+std::string cpt_to_utf8(uint32_t c);
 }  // namespace tokenizer_detail
 
 }  // namespace kvpack

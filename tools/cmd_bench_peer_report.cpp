@@ -1,0 +1,191 @@
+// `kvpack bench peer`, the roofline and the report: the memory-bandwidth measurement every roofline
+// is computed from, the machine description printed at the top, the number formatting of the printed
+// lines and the final Markdown table (bench_peer.h says how the command is split).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "bench_peer.h"
+#include "util/thread_pool.h"
+
+namespace kvpack::cli::bench_peer {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Memory bandwidth: `threads` threads each stream-read their share of one buffer, as 8 interleaved
+// sequential streams per thread (one stream per thread leaves bandwidth unused on this VM: ~26 vs
+// ~34 GB/s; the engines' matmuls read many rows at once), best of `tries`.
+constexpr int kStreams = 8;
+
+__attribute__((target("avx512f"))) uint64_t read_sum_avx512(const uint64_t* p, size_t per) {
+  __m512i a[kStreams];
+  for (auto& v : a) v = _mm512_setzero_si512();
+  for (size_t i = 0; i + 32 <= per; i += 32)
+    for (int s = 0; s < kStreams; ++s) {
+      const uint64_t* q = p + s * per + i;
+      const __m512i x = _mm512_add_epi64(_mm512_loadu_si512(q), _mm512_loadu_si512(q + 8));
+      const __m512i y = _mm512_add_epi64(_mm512_loadu_si512(q + 16), _mm512_loadu_si512(q + 24));
+      a[s] = _mm512_add_epi64(a[s], _mm512_add_epi64(x, y));
+    }
+  __m512i t = a[0];
+  for (int s = 1; s < kStreams; ++s) t = _mm512_add_epi64(t, a[s]);
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, t);
+  uint64_t sum = 0;
+  for (uint64_t v : lanes) sum += v;
+  return sum;
+}
+
+uint64_t read_sum_generic(const uint64_t* p, size_t per) {
+  uint64_t a[kStreams][4] = {};
+  for (size_t i = 0; i + 4 <= per; i += 4)
+    for (int s = 0; s < kStreams; ++s)
+      for (int j = 0; j < 4; ++j) a[s][j] += p[s * per + i + j];
+  uint64_t t = 0;
+  for (auto& r : a)
+    for (uint64_t v : r) t += v;
+  return t;
+}
+
+uint64_t read_sum(const uint64_t* p, size_t n) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  const size_t per = n / kStreams / 32 * 32;
+  return avx512 ? read_sum_avx512(p, per) : read_sum_generic(p, per);
+}
+
+}  // namespace
+
+double measure_bandwidth(int threads, size_t bytes, int tries) {
+  const size_t n = bytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  // Touch every page (and give the lanes something to add) from the threads that will read it.
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
+        for (int64_t i = lo; i < hi; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+      });
+    for (auto& th : ts) th.join();
+  }
+  double best = 0;
+  std::atomic<uint64_t> sink{0};
+  for (int k = 0; k < tries; ++k) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<double> t_end(static_cast<size_t>(threads));
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) {
+        }
+        sink.fetch_add(read_sum(buf.get() + lo, static_cast<size_t>(hi - lo)), std::memory_order_relaxed);
+        t_end[static_cast<size_t>(t)] = now_s();
+      });
+    while (ready.load() != threads) std::this_thread::yield();
+    const double t0 = now_s();
+    go.store(true, std::memory_order_release);
+    for (auto& th : ts) th.join();
+    const double dt = *std::max_element(t_end.begin(), t_end.end()) - t0;
+    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / dt);
+  }
+  if (sink.load() == 42) std::fprintf(stderr, " ");  // keep the sums alive
+  return best;
+}
+
+std::string machine_line() {
+  std::string cpu = "unknown CPU";
+  std::ifstream ci("/proc/cpuinfo");
+  std::string line;
+  bool avx512 = false, bf16 = false, vnni = false, amx = false;
+  while (std::getline(ci, line)) {
+    if (line.rfind("model name", 0) == 0 && cpu == "unknown CPU") cpu = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) {
+      avx512 = line.find(" avx512f") != std::string::npos;
+      bf16 = line.find(" avx512_bf16") != std::string::npos;
+      vnni = line.find(" avx512_vnni") != std::string::npos;
+      amx = line.find(" amx_tile") != std::string::npos;
+    }
+  }
+  long mem_kb = 0;
+  std::ifstream mi("/proc/meminfo");
+  while (std::getline(mi, line))
+    if (line.rfind("MemTotal:", 0) == 0) mem_kb = std::atol(line.c_str() + 9);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s, %u logical CPUs, %.0f GiB RAM, AVX-512 %s (bf16 %s, VNNI %s), AMX %s", cpu.c_str(),
+                std::thread::hardware_concurrency(), mem_kb / 1048576.0, avx512 ? "yes" : "no", bf16 ? "yes" : "no",
+                vnni ? "yes" : "no", amx ? "yes" : "no");
+  return buf;
+}
+
+// "1.23" from /proc/loadavg (1-minute load): on a shared machine, how many other runnable threads there were.
+std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::string one = "?";
+  f >> one;
+  return one;
+}
+
+std::string gib(double b) {
+  char s[32];
+  if (b >= 1 << 30)
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1 << 30));
+  else if (b >= 1 << 20)
+    std::snprintf(s, sizeof s, "%.0f MiB", b / (1 << 20));
+  else
+    std::snprintf(s, sizeof s, "%.0f KiB", b / 1024);
+  return s;
+}
+
+// "12.34" or "-" when the engine did not run.
+std::string tps(double v) {
+  if (v <= 0) return "-";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", v);
+  return s;
+}
+std::string pct(double v, double roof) {
+  if (v <= 0) return "-";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f%%", 100 * v / roof);
+  return s;
+}
+std::string ratio(double a, double b) {
+  if (a <= 0 || b <= 0) return "-";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", a / b);
+  return s;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  // Markdown table, ready for docs/performance.md.
+  std::printf("\n| phase | kvpack tok/s | llama.cpp tok/s | kvpack / llama.cpp | GB/s | bytes/token | roofline tok/s | kvpack %% of roofline | "
+              "llama.cpp %% of roofline |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : rows) {
+    const double roof = r.bw / r.bytes_per_token;
+    std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
+                tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), r.bw / 1e9, gib(r.bytes_per_token).c_str(),
+                roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
+  }
+  for (const Row& r : rows)
+    if (r.phase.rfind("decode-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
+}
+
+}  // namespace kvpack::cli::bench_peer
