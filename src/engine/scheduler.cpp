@@ -52,6 +52,8 @@ Scheduler::Scheduler(Engine& engine, const SchedulerOptions& opt) : engine_(&eng
 
 Scheduler::~Scheduler() {
   stop();
+  for (auto& s : waiting_)
+    if (s->swapped) kv_->drop_swapped(*s->swapped);
   // Sequences release their pages while the KV manager is still there.
   running_.clear();
   waiting_.clear();
@@ -155,18 +157,37 @@ void Scheduler::admit() {
     }
     if (!ok) break;  // FCFS: do not let later requests overtake
     // Page tables sized for the projected length up front, so decode steps do not reallocate them.
-    s.kv = kv_->new_sequence(static_cast<int32_t>(need / kv_->n_streams() * kv_->page_size()));
-    s.n_computed = 0;
-    s.registered_blocks = 0;
-    if (opt_.prefix_cache) {
-      s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt);
-      s.registered_blocks = s.n_computed / kv_->page_size();
-      if (s.stats.preemptions == 0) s.stats.cached_tokens = s.n_computed;
+    const int32_t reserve = static_cast<int32_t>(need / kv_->n_streams() * kv_->page_size());
+    if (s.swapped) {  // back from the cold tier, bit-identical; a lost record means recompute
+      if (!kv_->can_allocate(kv_->swap_in_pages(*s.swapped))) break;
+      s.kv = kv_->swap_in(*s.swapped, reserve);
+      s.swapped.reset();
+      if (s.kv) {
+        ++s.stats.swap_ins;
+      } else {
+        s.recompute = true;
+        ++s.stats.recomputes;
+        std::lock_guard<std::mutex> lock(mu_);
+        ++metrics_.recomputes;
+      }
     }
-    if (s.comp && s.stats.preemptions > 0) {  // a resumed sequence starts its compressor afresh (KV recomputed from text)
-      s.comp_before.add(s.comp->stats());
-      s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
-                                                              s.n_prompt, &engine_->runner().threads());
+    if (!s.kv) {
+      s.kv = kv_->new_sequence(reserve);
+      s.n_computed = 0;
+      s.registered_blocks = 0;
+      // A compressed sequence whose prompt may not be registered must not attach cached blocks either:
+      // attached pages are shared, hence protected from eviction, which a solo run would not have.
+      if (opt_.prefix_cache && (!s.comp || s.comp->schedule().may_register(s.n_prompt))) {
+        s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt);
+        s.registered_blocks = s.n_computed / kv_->page_size();
+        if (s.stats.preemptions == 0) s.stats.cached_tokens = s.n_computed;
+      }
+      if (s.comp && s.recompute) {  // the KV is recomputed from text: the compressor starts afresh
+        s.comp_before.add(s.comp->stats());
+        s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
+                                                                s.n_prompt, &engine_->runner().threads());
+      }
+      s.recompute = false;
     }
     if (s.stats.preemptions == 0) {
       s.t_admitted = now_s();
@@ -183,14 +204,28 @@ void Scheduler::admit() {
 
 void Scheduler::preempt(Sequence* s) {
   ++s->stats.preemptions;
+  bool swapped = false;
+  if (opt_.swap_preemption && kv_->has_cold_tier()) {
+    auto sw = std::make_unique<kv::SwappedKv>();
+    if (kv_->swap_out(*s->kv, s->id, *sw)) {
+      s->swapped = std::move(sw);
+      ++s->stats.swap_outs;
+      swapped = true;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (opt_.preempt == PreemptPolicy::LRU) ++metrics_.preemptions_lru;
     else if (opt_.preempt == PreemptPolicy::LFU) ++metrics_.preemptions_lfu;
     else ++metrics_.preemptions_priority;
+    if (!swapped) ++metrics_.recomputes;
   }
-  s->kv.reset();  // all pages back (cached ones stay findable as cached-free pages)
-  s->n_computed = 0;
+  s->kv.reset();  // all pages back (swapped ones are in the tier; cached ones stay findable)
+  if (!swapped) {
+    s->n_computed = 0;
+    s->recompute = true;
+    ++s->stats.recomputes;
+  }
   for (auto it = running_.begin(); it != running_.end(); ++it)
     if (it->get() == s) {
       waiting_.push_back(std::move(*it));
@@ -255,6 +290,7 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   finished_compression_.add(st.compression);
   ev.stats = st;
   s->kv.reset();
+  if (s->swapped) kv_->drop_swapped(*s->swapped);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (reason == FinishReason::Cancelled) ++metrics_.requests_cancelled;
@@ -443,6 +479,7 @@ void Scheduler::publish_metrics() {
   metrics_.steps = static_cast<int64_t>(step_no_);
   metrics_.compression = cs;
   metrics_.prefix = kv_->prefix_stats();
+  metrics_.cold = kv_->cold_usage();
 }
 
 SchedulerMetrics Scheduler::metrics() const {

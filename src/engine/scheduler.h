@@ -13,9 +13,11 @@
 //     max_tokens ("reserve"), or admission only keeps a free-page watermark and relies on preemption
 //     ("watermark");
 //   * cached-free prefix pages count as free (they are reused lazily); when a step still cannot get its
-//     pages, running sequences are preempted by recompute (victim: lru = least recently (re)admitted,
-//     lfu = fewest tokens computed, priority = lowest priority then newest); a preempted request keeps
-//     its generated tokens and later recomputes its KV from its text, so its stream continues seamlessly;
+//     pages, running sequences are preempted (victim: lru = least recently (re)admitted, lfu = fewest
+//     tokens computed, priority = lowest priority then newest). With a cold tier the victim's pages are
+//     swapped out and come back bit-identical (with its compressor, sampler and text state untouched), so
+//     its output does not depend on load; without one, or when the tier cannot take them, it recomputes
+//     its KV from its text (counted);
 //   * the prefix cache reuses full blocks of earlier prompts; shared pages are protected from
 //     compression, and a compressed sequence registers only what its schedule allows.
 // Thread-safety: submit / cancel / metrics may be called from any thread; step() and the background
@@ -49,6 +51,7 @@ struct SchedulerOptions {
   int32_t step_tokens = 256;       // tokens per forward pass (<= engine max_batch_tokens)
   PreemptPolicy preempt = PreemptPolicy::LRU;
   bool prefix_cache = true;
+  bool swap_preemption = true;     // with a cold tier: preempted sequences swap out instead of recomputing
   bool reserve_admission = true;   // false: watermark admission
   double watermark = 0.05;         // fraction of pages kept free at admission (watermark mode)
   int32_t max_waiting = 256;       // queue limit; submit() refuses beyond it (server: 429)
@@ -73,6 +76,8 @@ struct SchedulerMetrics {
   int64_t peak_running = 0;
   compress::CompressionStats compression;  // totals over all sequences (finished + running)
   kv::PrefixCacheStats prefix;
+  kv::ColdUsage cold;
+  int64_t recomputes = 0;          // preemptions (or lost swaps) that recomputed from text
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
 };

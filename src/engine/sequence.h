@@ -11,6 +11,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/text_stream.h"
+#include "kv/kv_manager.h"
 #include "kv/sequence_kv.h"
 
 namespace kvpack {
@@ -23,6 +24,8 @@ struct Sequence {
   Request req;
   EventSink sink;
   std::unique_ptr<kv::SequenceKv> kv;             // null while waiting
+  std::unique_ptr<kv::SwappedKv> swapped;         // preempted to the cold tier (comes back bit-identical)
+  bool recompute = false;                         // preempted without the tier: KV recomputed from text
   std::unique_ptr<compress::SequenceCompressor> comp;  // null without compression
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextStream> text;

@@ -1,5 +1,9 @@
 #include "kv/kv_manager.h"
 
+#include <xxhash.h>
+
+#include <chrono>
+#include <stdexcept>
 #include <vector>
 
 namespace kvpack::kv {
@@ -8,6 +12,129 @@ KvManager::KvManager(const PoolConfig& pool, int32_t n_layers, int32_t n_kv_head
     : n_layers_(n_layers), n_kv_heads_(n_kv_heads), pool_(pool), cache_(pool_, n_layers * n_kv_heads, model_salt) {}
 
 KvManager::~KvManager() = default;
+
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+uint64_t swap_key(uint64_t uid, int32_t stream, size_t page) {
+  const uint64_t parts[4] = {0x7377617000000000ull /* "swap" */, uid, static_cast<uint64_t>(stream), page};
+  return XXH3_64bits(parts, sizeof parts);
+}
+}  // namespace
+
+int64_t SwappedKv::pages_total() const {
+  int64_t n = 0;
+  for (const auto& p : pages) n += static_cast<int64_t>(p.size());
+  return n;
+}
+
+std::span<bool> KvManager::io_ok(size_t n) {
+  if (n > io_ok_cap_) {
+    io_ok_ = std::make_unique<bool[]>(n);
+    io_ok_cap_ = n;
+  }
+  return std::span<bool>(io_ok_.get(), n);
+}
+
+void KvManager::set_cold_tier(std::unique_ptr<ColdTier> tier) {
+  if (tier && tier->record_bytes() != pool_.record_bytes())
+    throw std::invalid_argument("cold tier records are " + std::to_string(tier->record_bytes()) + " bytes, KV pages " +
+                                std::to_string(pool_.record_bytes()));
+  cache_.set_cold_tier(tier.get());
+  cold_ = std::move(tier);
+}
+
+bool KvManager::swap_out(const SequenceKv& kv, uint64_t uid, SwappedKv& out) {
+  if (!cold_) return false;
+  const double t0 = now_s();
+  SwappedKv sw;
+  sw.uid = uid;
+  sw.next_pos = kv.next_pos();
+  sw.n_slots.resize(static_cast<size_t>(kv.n_streams()));
+  sw.pages.resize(static_cast<size_t>(kv.n_streams()));
+  io_src_.clear();
+  for (int32_t s = 0; s < kv.n_streams(); ++s) {
+    sw.n_slots[static_cast<size_t>(s)] = kv.n_slots(s);
+    auto table = kv.page_table(s);
+    auto& pages = sw.pages[static_cast<size_t>(s)];
+    pages.assign(table.size(), kNoPage);
+    for (size_t i = 0; i < table.size(); ++i) {
+      if (pool_.is_shared(table[i])) {
+        pages[i] = table[i];  // stays hot (shared with the cache / others); referenced below on success
+      } else {
+        sw.keys.push_back(swap_key(uid, s, i));
+        io_src_.push_back(pool_.data(table[i]));
+      }
+    }
+  }
+  std::span<bool> ok = io_ok(sw.keys.size());
+  cold_->put_many(sw.keys, io_src_, ok);
+  bool all = true;
+  for (bool b : ok) all &= b;
+  if (!all) {
+    for (uint64_t k : sw.keys) cold_->erase(k);
+    ++cold_usage_.swap_out_failures;
+    return false;
+  }
+  for (uint64_t k : sw.keys) cold_->pin(k, true);
+  for (const auto& pages : sw.pages)
+    for (PageId p : pages)
+      if (p != kNoPage) pool_.retain(p);
+  ++cold_usage_.swap_outs;
+  cold_usage_.pages_swapped_out += static_cast<int64_t>(sw.keys.size());
+  cold_usage_.swap_out_seconds += now_s() - t0;
+  out = std::move(sw);
+  return true;
+}
+
+int64_t KvManager::swap_in_pages(const SwappedKv& sw) const { return static_cast<int64_t>(sw.keys.size()); }
+
+std::unique_ptr<SequenceKv> KvManager::swap_in(SwappedKv& sw, int32_t reserve_slots) {
+  const double t0 = now_s();
+  auto kv = new_sequence(reserve_slots);
+  bool ok = cold_ != nullptr;
+  for (size_t s = 0; s < sw.pages.size(); ++s)  // kept references move into the sequence, fresh pages join
+    ok &= kv->restore_stream(static_cast<int32_t>(s), sw.pages[s], sw.n_slots[s]);
+  if (ok) {
+    io_dst_.clear();
+    for (size_t s = 0; s < sw.pages.size(); ++s) {
+      auto table = kv->page_table(static_cast<int32_t>(s));
+      for (size_t i = 0; i < sw.pages[s].size(); ++i)
+        if (sw.pages[s][i] == kNoPage) io_dst_.push_back(pool_.data(table[i]));
+    }
+    std::span<bool> got = io_ok(sw.keys.size());
+    cold_->get_many(sw.keys, io_dst_, got);
+    for (bool b : got) ok &= b;
+  }
+  if (cold_)
+    for (uint64_t k : sw.keys) cold_->erase(k);
+  const int64_t n = static_cast<int64_t>(sw.keys.size());
+  const int32_t next_pos = sw.next_pos;
+  sw = SwappedKv{};
+  if (!ok) {  // lost: the caller recomputes (never partial data)
+    ++cold_usage_.swap_in_misses;
+    return nullptr;
+  }
+  kv->set_next_pos(next_pos);
+  ++cold_usage_.swap_ins;
+  cold_usage_.pages_swapped_in += n;
+  cold_usage_.swap_in_seconds += now_s() - t0;
+  return kv;
+}
+
+void KvManager::drop_swapped(SwappedKv& sw) {
+  if (cold_)
+    for (uint64_t k : sw.keys) cold_->erase(k);
+  for (const auto& pages : sw.pages)
+    for (PageId p : pages)
+      if (p != kNoPage) pool_.release(p);
+  sw = SwappedKv{};
+}
+
+const ColdUsage& KvManager::cold_usage() {
+  if (cold_) cold_usage_.tier = cold_->stats();
+  return cold_usage_;
+}
 
 std::unique_ptr<SequenceKv> KvManager::new_sequence(int32_t reserve_slots) {
   auto kv = std::make_unique<SequenceKv>(pool_, n_layers_, n_kv_heads_);

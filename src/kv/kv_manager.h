@@ -17,11 +17,36 @@
 #include <span>
 #include <string>
 
+#include <vector>
+
+#include "kv/cold_tier.h"
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 #include "kv/sequence_kv.h"
 
 namespace kvpack::kv {
+
+// A sequence's KV while it is swapped out (preempted with a cold tier): its private pages are records in
+// the tier (pinned), its shared pages (prefix-cache blocks) stay hot, referenced by this handle, so the
+// sequence comes back bit-identical and with the same pages shared as before.
+struct SwappedKv {
+  uint64_t uid = 0;
+  int32_t next_pos = 0;
+  std::vector<int32_t> n_slots;             // per stream
+  std::vector<std::vector<PageId>> pages;   // per stream, per page: a kept shared page, or kNoPage (in the tier)
+  std::vector<uint64_t> keys;               // tier records, in stream / page order
+  int64_t pages_total() const;
+};
+
+// Swap and spill figures (cumulative).
+struct ColdUsage {
+  int64_t swap_outs = 0, swap_ins = 0;
+  int64_t swap_out_failures = 0;   // tier full / absent at preemption: the scheduler recomputed instead
+  int64_t swap_in_misses = 0;      // a record was lost (checksum, eviction): recomputed
+  int64_t pages_swapped_out = 0, pages_swapped_in = 0;
+  double swap_out_seconds = 0, swap_in_seconds = 0;
+  ColdTierStats tier;
+};
 
 struct KvUsage {
   int64_t pages_total = 0;
@@ -64,6 +89,24 @@ class KvManager {
   int64_t free_pages() const { return pool_.free_pages(); }
   KvUsage usage() const;
 
+  // The cold tier (optional; kv/cold_tier.h): record size must be pool().record_bytes(). With a tier,
+  // prefix-cache blocks whose pages the pool reuses are spilled to it and found there by later lookups.
+  void set_cold_tier(std::unique_ptr<ColdTier> tier);
+  ColdTier* cold_tier() { return cold_.get(); }
+  bool has_cold_tier() const { return cold_ != nullptr; }
+  // Swap preemption. swap_out: writes `kv`'s private pages to the tier and keeps its shared ones
+  // referenced in `out`; false (nothing stored, `out` untouched) when there is no tier or it cannot take
+  // them — the caller then recomputes. The caller releases `kv` afterwards either way.
+  bool swap_out(const SequenceKv& kv, uint64_t uid, SwappedKv& out);
+  // Pages swap_in(sw) takes from the pool.
+  int64_t swap_in_pages(const SwappedKv& sw) const;
+  // Brings a swapped-out sequence back (page tables sized for reserve_slots). nullptr when a record was
+  // lost (the caller recomputes); `sw` is consumed in both cases. Requires can_allocate(swap_in_pages(sw)).
+  std::unique_ptr<SequenceKv> swap_in(SwappedKv& sw, int32_t reserve_slots);
+  // Forgets a swapped-out sequence (cancelled while swapped out).
+  void drop_swapped(SwappedKv& sw);
+  const ColdUsage& cold_usage();
+
   // Invariants (tests, debug builds): the pool's accounting against the page tables of `live`, and the
   // prefix cache against the pool's marks. "" or a description.
   std::string check(std::span<const SequenceKv* const> live) const;
@@ -75,7 +118,14 @@ class KvManager {
  private:
   int32_t n_layers_, n_kv_heads_;
   PagePool pool_;
-  PrefixCache cache_;  // declared after the pool: destroyed first
+  std::unique_ptr<ColdTier> cold_;
+  PrefixCache cache_;  // declared after the pool and the tier: destroyed first
+  ColdUsage cold_usage_;
+  std::vector<const uint8_t*> io_src_;  // scratch for batched tier calls
+  std::vector<uint8_t*> io_dst_;
+  std::unique_ptr<bool[]> io_ok_;
+  size_t io_ok_cap_ = 0;
+  std::span<bool> io_ok(size_t n);
 };
 
 }  // namespace kvpack::kv

@@ -44,8 +44,15 @@ int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uin
     ++stats_.blocks_queried;
     key = block_key(key, tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps)), salt);
     auto it = map_.find(key);
+    const bool cold = it == map_.end() && cold_ != nullptr;
+    if (cold) it = load_cold(key);
     if (it == map_.end()) break;
     kv.attach_shared_block(it->second, b * ps);  // retains: revives cached-free pages
+    if (cold) {  // load_cold's own references go: the sequence holds the pages now
+      for (PageId p : it->second) pool_->release(p);
+      ++stats_.blocks_hit_cold;
+      stats_.tokens_hit_cold += ps;
+    }
     ++matched;
   }
   if (matched > 0) ++stats_.hits;
@@ -94,7 +101,77 @@ void PrefixCache::on_reuse(PageId p) {
   auto k = page_key_.find(p);
   if (k == page_key_.end()) return;
   auto it = map_.find(k->second);
-  if (it != map_.end()) drop(it);
+  if (it == map_.end()) return;
+  // p's K/V are still intact (allocate() has not handed it out yet): the whole block goes down a tier.
+  if (cold_ != nullptr) spill(it->first, it->second);
+  drop(it);
+}
+
+uint64_t PrefixCache::cold_key(uint64_t block, int32_t stream) const {
+  const uint64_t parts[3] = {0x7072656669780000ull /* "prefix" */, block, static_cast<uint64_t>(stream)};
+  return XXH3_64bits(parts, sizeof parts);
+}
+
+void PrefixCache::spill(uint64_t key, const std::vector<PageId>& pages) {
+  const size_t n = pages.size();
+  io_keys_.resize(n);
+  io_src_.resize(n);
+  if (!io_ok_) io_ok_ = std::make_unique<bool[]>(static_cast<size_t>(n_streams_));
+  for (size_t s = 0; s < n; ++s) {
+    io_keys_[s] = cold_key(key, static_cast<int32_t>(s));
+    io_src_[s] = pool_->data(pages[s]);
+  }
+  std::span<bool> ok(io_ok_.get(), n);
+  cold_->put_many(io_keys_, io_src_, ok);
+  bool all = true;
+  for (bool b : ok) all &= b;
+  if (all) {
+    ++stats_.blocks_spilled;
+  } else {  // a partial block is useless: forget it
+    for (uint64_t k : io_keys_) cold_->erase(k);
+    ++stats_.spill_failures;
+  }
+}
+
+PrefixCache::Map::iterator PrefixCache::load_cold(uint64_t key) {
+  const size_t n = static_cast<size_t>(n_streams_);
+  io_keys_.resize(n);
+  for (size_t s = 0; s < n; ++s) {
+    io_keys_[s] = cold_key(key, static_cast<int32_t>(s));
+    if (!cold_->contains(io_keys_[s])) return map_.end();
+  }
+  if (pool_->free_pages() < n_streams_) return map_.end();
+  std::vector<PageId> pages(n, kNoPage);
+  for (size_t s = 0; s < n; ++s) {
+    pages[s] = pool_->allocate();  // may spill other cached-free blocks: no map iterator is held here
+    if (pages[s] == kNoPage) {
+      for (PageId p : pages)
+        if (p != kNoPage) pool_->release(p);
+      return map_.end();
+    }
+  }
+  io_keys_.resize(n);  // (allocate may have spilled through io_keys_)
+  io_dst_.resize(n);
+  for (size_t s = 0; s < n; ++s) {
+    io_keys_[s] = cold_key(key, static_cast<int32_t>(s));
+    io_dst_[s] = pool_->data(pages[s]);
+  }
+  if (!io_ok_) io_ok_ = std::make_unique<bool[]>(n);
+  std::span<bool> ok(io_ok_.get(), n);
+  cold_->get_many(io_keys_, io_dst_, ok);
+  bool all = true;
+  for (bool b : ok) all &= b;
+  if (!all) {  // lost (checksum, evicted meanwhile): recompute instead, never use partial data
+    for (PageId p : pages) pool_->release(p);
+    for (uint64_t k : io_keys_) cold_->erase(k);
+    return map_.end();
+  }
+  for (PageId p : pages) {
+    pool_->mark_cached(p);
+    page_key_[p] = key;
+  }
+  ++stats_.cached_blocks;
+  return map_.emplace(key, std::move(pages)).first;
 }
 
 std::string PrefixCache::check() const {

@@ -10,16 +10,21 @@
 // other free page, and tells the cache (ReuseListener), which forgets that block: eviction is lazy and
 // O(1) per block, with no scan (vLLM v1's BlockPool). Cached pages are shared, i.e. read-only: SequenceKv
 // copies on write and compression never evicts from them, so the cache never hands out rewritten K/V.
+// With a cold tier (set_cold_tier), a block whose pages the pool reuses is first written to the tier
+// under its key (one record per stream), and a lookup that misses the hot cache looks there and loads
+// the block into fresh pages (which become cached again): hits by tier are counted separately.
 // Only blocks computed from the true prompt before any compaction may be registered: after compaction
 // a slot no longer corresponds to the prompt position it would be looked up by.
 // Thread-safety: not thread-safe; owned by the KV manager together with the pool (scheduler thread).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "kv/cold_tier.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 
@@ -33,6 +38,9 @@ struct PrefixCacheStats {
   int64_t tokens_hit = 0;
   int64_t evictions = 0;      // blocks dropped from the cache (their pages were reused)
   int64_t cached_blocks = 0;  // current
+  // With a cold tier: blocks written down when their pages were reused, and lookups served from it.
+  int64_t blocks_spilled = 0, spill_failures = 0;
+  int64_t blocks_hit_cold = 0, tokens_hit_cold = 0;  // included in blocks_hit / tokens_hit
 };
 
 class PrefixCache : private PagePool::ReuseListener {
@@ -49,6 +57,8 @@ class PrefixCache : private PagePool::ReuseListener {
   void register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt);
   // Forgets every block (their free pages become plain free pages).
   void clear();
+  // Spill target and second lookup level (nullptr: none). Record size = the pool's record_bytes().
+  void set_cold_tier(ColdTier* tier) { cold_ = tier; }
 
   const PrefixCacheStats& stats() const { return stats_; }
   // Consistency of the cache with the pool's marks (tests, debug builds): "" or a description.
@@ -59,6 +69,10 @@ class PrefixCache : private PagePool::ReuseListener {
   uint64_t block_key(uint64_t parent, std::span<const int32_t> block, uint64_t salt) const;
   void drop(Map::iterator it);
   void on_reuse(PageId p) override;
+  uint64_t cold_key(uint64_t block, int32_t stream) const;
+  void spill(uint64_t key, const std::vector<PageId>& pages);
+  // Loads block `key` from the cold tier into fresh cached pages; the new map entry, or end() on a miss.
+  Map::iterator load_cold(uint64_t key);
 
   PagePool* pool_;
   int32_t n_streams_;
@@ -66,6 +80,11 @@ class PrefixCache : private PagePool::ReuseListener {
   Map map_;
   std::unordered_map<PageId, uint64_t> page_key_;  // cached page -> its block's key
   PrefixCacheStats stats_;
+  ColdTier* cold_ = nullptr;
+  std::vector<uint64_t> io_keys_;  // scratch for batched tier calls
+  std::vector<const uint8_t*> io_src_;
+  std::vector<uint8_t*> io_dst_;
+  std::unique_ptr<bool[]> io_ok_;
 };
 
 }  // namespace kvpack::kv

@@ -237,6 +237,23 @@ void SequenceKv::attach_shared_block(std::span<const PageId> pages_per_stream, i
   next_pos_ = std::max(next_pos_, pos0 + ps);
 }
 
+bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots) {
+  Stream& s = streams_[static_cast<size_t>(stream)];
+  if (!s.pages.empty()) throw std::logic_error("restore_stream: stream is not empty");
+  bool ok = true;
+  for (PageId p : pages) {
+    if (p == kNoPage && ok) {
+      p = pool_->allocate();
+      ok = p != kNoPage;
+    }
+    if (p == kNoPage) continue;  // after a failed allocation: the remaining handed-over pages still join
+    s.pages.push_back(p);
+    s.page_ptrs.push_back(pool_->data(p));
+  }
+  s.n_slots = ok ? n_slots : 0;
+  return ok;
+}
+
 void SequenceKv::truncate_tail(int32_t n) {
   for (auto& s : streams_) shrink_to(s, std::max(0, s.n_slots - n));
   next_pos_ = std::max(0, next_pos_ - n);

@@ -77,6 +77,14 @@ class SequenceKv {
     return !h.empty() && h[static_cast<size_t>(slot)] != 0;
   }
 
+  // Swap-in (kv/kv_manager.h): gives the empty stream `stream` n_slots slots on pages[i] where pages[i] is
+  // a page whose reference the caller hands over (a shared page kept hot while swapped out), or on a fresh
+  // page where pages[i] == kNoPage (its bytes and positions are for the caller to fill). Takes ownership
+  // of every handed-over reference whatever happens; false when a fresh page could not be had (the stream
+  // then holds what it got and is released with the sequence).
+  bool restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots);
+  void set_next_pos(int32_t pos) { next_pos_ = pos; }
+
   // Drops the last `n` slots of every stream and n positions (rollback of an append); frees emptied pages.
   void truncate_tail(int32_t n);
   // Releases everything (sequence finished or preempted).
