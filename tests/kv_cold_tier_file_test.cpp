@@ -184,6 +184,14 @@ TEST_F(FileColdTierTest, StartsCleanOverWhatAKilledProcessLeft) {
   EXPECT_TRUE(fs::exists(dir_.path() + "/unrelated.txt"));
 }
 
+TEST_F(FileColdTierTest, ASymlinkUnderTheDataFileNameIsRefusedNotFollowed) {
+  const std::string victim = dir_.path() + "/victim.txt";
+  std::ofstream(victim) << "precious";
+  fs::create_symlink(victim, dir_.path() + "/" + FileColdTier::kDataFileName);
+  EXPECT_THROW(make(8), std::runtime_error);
+  EXPECT_EQ(fs::file_size(victim), 8u);  // not truncated
+}
+
 // The checksum is seeded by a per-instance generation: a slot holding a record an earlier process wrote
 // under the same key (here put back by hand, as if the file had not been truncated) does not verify.
 TEST_F(FileColdTierTest, ARecordOfAnEarlierTierInstanceNeverVerifies) {

@@ -40,7 +40,8 @@ cold::UniqueFd open_data_file(const std::string& dir, const std::string& path, u
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cold tier: cannot create directory " + dir + ": " + ec.message());
   if (!std::filesystem::is_directory(dir, ec)) throw std::runtime_error("cold tier: " + dir + " is not a directory");
-  cold::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  // O_NOFOLLOW: a symlink planted under our name must not make us truncate what it points to.
+  cold::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) throw path_error("cannot open", path, errno);
   // Lock before truncating: a live tier's file must not be emptied under it. A killed process's lock
   // died with it.

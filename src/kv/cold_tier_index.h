@@ -63,6 +63,7 @@ class SlotIndex {
   Allocation allocate(uint64_t key, Slot preferred);
   // The record in `s` becomes most recently used (pinned records are outside the LRU: no-op).
   void touch(Slot s);
+  // Pinned records leave the LRU list; unpinning puts the record back as most recently used.
   void set_pinned(Slot s, bool pinned);
   // Forgets the record in `s`; the slot goes to the front of the free list (reused first: warm).
   void release(Slot s);
@@ -93,7 +94,9 @@ class SlotIndex {
 };
 
 // What both backends share: the record size, the mutex, the index and the stats, and the members that
-// only touch those. Thread-safety: as the backends' (every member takes mu_).
+// only touch those. Stats conventions (both backends): puts counts records offered (failures included),
+// bytes_written the record bytes accepted, bytes_read the record bytes returned by hits, records and
+// used_bytes are read off the index. Thread-safety: as the backends' (every member takes mu_).
 class IndexedTier : public ColdTier {
  public:
   size_t record_bytes() const override { return record_bytes_; }
