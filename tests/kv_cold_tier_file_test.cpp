@@ -245,12 +245,16 @@ TEST_F(FileColdTierTest, ASmallStageMakesPutsWaitAndLosesNothing) {
   FileTierOptions opts;
   opts.staging_bytes = 0;  // the minimum: two records in flight
   auto tier = make(512, opts);
-  put_run(*tier, 0, 400);
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 400; ++k) keys.push_back(k);
-  EXPECT_EQ(get_keys(*tier, keys), 400u);  // some may still be staged: served from the stage
-  tier->flush();
-  EXPECT_EQ(get_keys(*tier, keys), 400u);
+  // Whether a put finds the stage full depends on how the writer thread is scheduled; a round of 400
+  // puts usually does, and 20 rounds practically always. What must hold every round: nothing is lost.
+  for (uint64_t round = 0; round < 20 && tier->io_stats().put_waits == 0; ++round) {
+    put_run(*tier, 0, keys.size(), round);
+    EXPECT_EQ(get_keys(*tier, keys, round), keys.size());  // some may still be staged: served from the stage
+    tier->flush();
+    EXPECT_EQ(get_keys(*tier, keys, round), keys.size());
+  }
   EXPECT_GT(tier->io_stats().put_waits, 0u);
   EXPECT_EQ(tier->stats().put_failures, 0u);
 }
