@@ -132,6 +132,27 @@ void BM_ColdTierGetManyRun(benchmark::State& state) {
   report(state, *t.tier, kRun);
 }
 
+// The same from the device: the data file's pages are dropped from the page cache before each call
+// (outside the timing). Compare with BM_SequentialReadProbe (resident_fraction 0 = device figure).
+void BM_ColdTierGetManyRunCold(benchmark::State& state) {
+  TierUnderTest t(true);
+  t.fill();
+  auto& file = static_cast<FileColdTier&>(*t.tier);
+  std::mt19937_64 rng(4);
+  uint64_t keys[kRun];
+  bool ok[kRun];
+  for (auto _ : state) {
+    state.PauseTiming();
+    file.drop_page_cache();
+    state.ResumeTiming();
+    const uint64_t first = rng() % (kRecords / kRun) * kRun;
+    for (size_t i = 0; i < kRun; ++i) keys[i] = first + i;
+    t.tier->get_many(keys, t.out, ok);
+  }
+  report(state, *t.tier, kRun);
+}
+BENCHMARK(BM_ColdTierGetManyRunCold)->UseRealTime();
+
 #define COLD_TIER_BACKENDS ArgName("file")->Arg(0)->Arg(1)->UseRealTime()
 BENCHMARK(BM_ColdTierPut)->COLD_TIER_BACKENDS;
 BENCHMARK(BM_ColdTierPutMany)->COLD_TIER_BACKENDS;

@@ -108,6 +108,10 @@ TEST_F(FileColdTierTest, GetManyCoalescesConsecutiveSlotsIntoOneRead) {
   EXPECT_EQ(tier->io_stats().read_calls - calls, scattered.size());  // nothing to coalesce
   EXPECT_EQ(tier->io_stats().stage_hits, 0u);  // flushed: everything came from the file
   EXPECT_EQ(tier->stats().bytes_read, (64 + scattered.size()) * kRecordBytes);
+  tier->drop_page_cache();  // from the device this time: same bytes, same single call
+  calls = tier->io_stats().read_calls;
+  EXPECT_EQ(get_keys(*tier, reversed), 64u);
+  EXPECT_EQ(tier->io_stats().read_calls - calls, 1u);
 }
 
 TEST_F(FileColdTierTest, WritesOfARunAreCoalescedToo) {

@@ -249,6 +249,12 @@ void FileColdTier::flush() {
   progress_cv_.wait(lock, [&] { return queue_.empty() && writing_ == 0; });
 }
 
+void FileColdTier::drop_page_cache() {
+  flush();
+  ::fdatasync(fd_.get());  // only clean pages can be dropped
+  ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_DONTNEED);
+}
+
 struct FileColdTier::PendingRead {
   size_t index;       // into the caller's arrays
   Slot slot;

@@ -100,6 +100,9 @@ class FileColdTier final : public cold::IndexedTier {
   size_t slot_bytes() const { return slot_bytes_; }
   int64_t capacity_slots() const { return index_.capacity(); }
   FileTierIoStats io_stats() const;
+  // flush(), then asks the kernel to drop the data file's pages from the page cache (fdatasync +
+  // posix_fadvise DONTNEED), so that the next reads come from the device: benchmarks of a cold swap-in.
+  void drop_page_cache();
   // Where `key` sits (tests: to corrupt it on disk); -1 when absent.
   int64_t slot_of(uint64_t key) const;
 
