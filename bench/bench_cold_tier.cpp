@@ -132,26 +132,31 @@ void BM_ColdTierGetManyRun(benchmark::State& state) {
   report(state, *t.tier, kRun);
 }
 
-// The same from the device: the data file's pages are dropped from the page cache before each call
-// (outside the timing). Compare with BM_SequentialReadProbe (resident_fraction 0 = device figure).
+// The same from the device, for runs of state.range(0) records: the data file's pages are dropped from the
+// page cache before each call (outside the timing). Compare with BM_SequentialReadProbe (a
+// resident_fraction of 0 means it, too, read the device).
 void BM_ColdTierGetManyRunCold(benchmark::State& state) {
   TierUnderTest t(true);
   t.fill();
   auto& file = static_cast<FileColdTier&>(*t.tier);
+  const size_t run = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> buffer(run * kRecord);
+  std::vector<uint8_t*> out;
+  for (size_t i = 0; i < run; ++i) out.push_back(buffer.data() + i * kRecord);
+  std::vector<uint64_t> keys(run);
+  std::unique_ptr<bool[]> ok(new bool[run]);
   std::mt19937_64 rng(4);
-  uint64_t keys[kRun];
-  bool ok[kRun];
   for (auto _ : state) {
     state.PauseTiming();
     file.drop_page_cache();
     state.ResumeTiming();
-    const uint64_t first = rng() % (kRecords / kRun) * kRun;
-    for (size_t i = 0; i < kRun; ++i) keys[i] = first + i;
-    t.tier->get_many(keys, t.out, ok);
+    const uint64_t first = rng() % (kRecords / run) * run;
+    for (size_t i = 0; i < run; ++i) keys[i] = first + i;
+    t.tier->get_many(keys, out, {ok.get(), run});
   }
-  report(state, *t.tier, kRun);
+  report(state, *t.tier, run);
 }
-BENCHMARK(BM_ColdTierGetManyRunCold)->UseRealTime();
+BENCHMARK(BM_ColdTierGetManyRunCold)->ArgName("run")->Arg(64)->Arg(1024)->UseRealTime();
 
 #define COLD_TIER_BACKENDS ArgName("file")->Arg(0)->Arg(1)->UseRealTime()
 BENCHMARK(BM_ColdTierPut)->COLD_TIER_BACKENDS;
