@@ -181,6 +181,9 @@ TEST_P(ColdTierContract, GetManyOnConsecutiveAndScatteredKeys) {
     EXPECT_EQ(all[i], records[i]);
   }
   EXPECT_THROW(tier->get_many(keys, std::span(all_ptrs).first(3), all_ok), std::invalid_argument);
+  std::vector<uint8_t> short_record(kRecordBytes - 1);
+  EXPECT_THROW(tier->put(1, short_record), std::invalid_argument);  // a caller bug, not a miss
+  EXPECT_THROW(tier->get(1000, short_record), std::invalid_argument);
 }
 
 // Several threads put / get / get_many / erase / pin at random under a cap that forces evictions.

@@ -28,7 +28,8 @@
 // preadv (headers into a scratch buffer, records straight into the caller's buffers). A record whose
 // header or checksum does not match, or which a short read cut off, is a miss: checksum_failures++, the
 // record is dropped, and the first one prints a line to stderr. A read that raced with the slot being
-// reassigned (eviction, replacement by another thread) is a plain miss, not a checksum failure.
+// reassigned (eviction, replacement by another thread) is a plain miss, not a checksum failure. On a
+// miss the caller's buffer holds unspecified bytes (the read went straight into it): use it only on true.
 //
 // Stats: puts counts records offered to put/put_many, bytes_written the record bytes accepted (staged),
 // bytes_read the record bytes returned by hits; io_stats() has the system-call level figures.

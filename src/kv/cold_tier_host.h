@@ -11,7 +11,10 @@
 //
 // Thread-safety: every member may be called from any thread; one mutex guards the index, the slabs and
 // the stats. Copies into and out of the slabs happen under it (a host tier is memcpy-bound and is driven
-// by the KV manager's one scheduling thread); checksums are computed outside it.
+// by the KV manager's one scheduling thread); put() checksums its record before taking it, get() verifies
+// under it (so a record dropped for a bad checksum and the stats change together).
+// Sizes: put() of a record that is not record_bytes long, or get() into such a buffer, throws
+// std::invalid_argument (a caller bug, not a cold-tier condition). The same holds for the file tier.
 #pragma once
 #include <cstddef>
 #include <cstdint>
