@@ -87,6 +87,20 @@ class FileColdTierTest : public ::testing::Test {
     if (get_keys(*tier, {1}) != 0 || tier->stats().checksum_failures != 1) return 16;  // truncated away
     return 0;
   }
+  // The child's side of ADiskTooSmallForTheCapIsAnErrorAtStart: 0 when it held.
+  int reserve_failure_scenario() {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{1 << 20, 1 << 20};  // as if the disk had 1 MiB left
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 11;
+    try {
+      make(1000);  // ~8 MiB
+      return 12;
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).find("cannot reserve") == std::string::npos) return 13;
+      if (std::string(e.what()).find(dir_.path()) == std::string::npos) return 14;
+    }
+    return fs::exists(dir_.path() + "/" + FileColdTier::kDataFileName) ? 15 : 0;  // not left behind
+  }
   TempDir dir_;
 };
 
@@ -243,6 +257,12 @@ TEST_F(FileColdTierTest, AnUnusableDirectoryIsAnErrorNamingIt) {
 // bytes. Runs in a child process so the limit does not touch the test runner.
 TEST_F(FileColdTierTest, AFailedBackgroundWriteDropsTheRecord) {
   EXPECT_EXIT(std::_Exit(write_failure_scenario()), ::testing::ExitedWithCode(0), "write to .* failed");
+}
+
+// fallocate reserves the whole cap at start, so a disk too small for it is a clear error there rather
+// than failed puts later (simulated with RLIMIT_FSIZE in a child process, which fallocate honours).
+TEST_F(FileColdTierTest, ADiskTooSmallForTheCapIsAnErrorAtStart) {
+  EXPECT_EXIT(std::_Exit(reserve_failure_scenario()), ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(FileColdTierTest, ASmallStageMakesPutsWaitAndLosesNothing) {
