@@ -237,10 +237,10 @@ void FileColdTier::write_batch(std::span<const int> batch, std::vector<bool>& wr
   std::lock_guard lock(mu_);
   io_.write_calls += calls;
   io_.disk_bytes_written += bytes;
-  if (first_error != 0 && !logged_) {
+  if (first_error != 0 && !logged_bad_write_) {
     std::fprintf(stderr, "[kvpack] cold tier: write to %s failed: %s (records dropped)\n", path_.c_str(),
                  std::strerror(first_error));
-    logged_ = true;
+    logged_bad_write_ = true;
   }
 }
 
@@ -357,9 +357,9 @@ void FileColdTier::read_runs(std::span<PendingRead> reads, std::span<uint8_t* co
 }
 
 void FileColdTier::log_once(const char* what, Slot s) {
-  if (logged_) return;
+  if (logged_bad_read_) return;
   std::fprintf(stderr, "[kvpack] cold tier: %s in %s slot %d (record dropped)\n", what, path_.c_str(), s);
-  logged_ = true;
+  logged_bad_read_ = true;
 }
 
 void FileColdTier::erase(uint64_t key) {

@@ -122,7 +122,7 @@ class FileColdTier final : public cold::IndexedTier {
   void writer_loop();
   void write_batch(std::span<const int> batch, std::vector<bool>& written);
   void read_runs(std::span<PendingRead> reads, std::span<uint8_t* const> out);
-  void log_once(const char* what, cold::Slot s);
+  void log_once(const char* what, cold::Slot s);  // a bad read (checksum, short): first one only
 
   const size_t slot_bytes_;
   const uint64_t generation_;
@@ -139,7 +139,7 @@ class FileColdTier final : public cold::IndexedTier {
   std::deque<int> queue_;                // staged entries in put order (the writer keeps it)
   size_t writing_ = 0;                   // entries the writer holds outside the lock
   bool stopping_ = false;
-  bool logged_ = false;
+  bool logged_bad_read_ = false, logged_bad_write_ = false;  // one stderr line each, the first time
   const size_t max_write_batch_;
   FileTierIoStats io_;
   std::thread writer_;                   // last: starts after everything above exists
