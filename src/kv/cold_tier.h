@@ -70,8 +70,10 @@ class ColdTier {
   virtual ColdTierStats stats() const = 0;
 };
 
-// Parses a spec ("host:BYTES" or "dir:PATH:BYTES"; BYTES accepts K/M/G/KiB/MiB/GiB suffixes) and makes
-// the tier for records of `record_bytes`. Throws std::invalid_argument with a message naming the spec.
+// Parses a spec ("host:BYTES" or "dir:PATH:BYTES"; BYTES accepts K/M/G/T/KiB/MiB/GiB/TiB suffixes, all
+// powers of 1024, and plain bytes) and makes the tier for records of `record_bytes`. Throws
+// std::invalid_argument with a message naming the spec — also when the cap holds no record or PATH cannot
+// be used. Backends: kv/cold_tier_host.h, kv/cold_tier_file.h (layout, start-up, writer, I/O figures).
 std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_bytes);
 
 }  // namespace kvpack::kv
