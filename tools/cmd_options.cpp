@@ -17,6 +17,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--kv-type", o.kv_type, "KV element type: f32, f16, bf16, q8_0 (q8_0: 34 bytes per 32 elements, head_dim % 32 == 0)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   cmd.add_option("--kv-pages", o.kv_pages, "KV page pool limit (0: one full context)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--kv-cold", o.kv_cold,
+                 "Cold KV tier for swap preemption and prefix-cache spill: host:BYTES (RAM) or dir:PATH:BYTES (a file; frees RAM); "
+                 "BYTES takes K/M/G suffixes (powers of 1024)");
   cmd.add_option("-b,--batch", o.batch, "Tokens per forward call (prefill chunk)")->check(CLI::Range(1, 65536));
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
 }
@@ -77,6 +80,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.page_size = o.page_size;
   e.kv_type = kernels::parse_kv_type(o.kv_type);
   e.kv_pages = o.kv_pages;
+  e.kv_cold = o.kv_cold;
   e.max_batch_tokens = o.batch;
   return e;
 }

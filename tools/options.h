@@ -17,6 +17,7 @@ struct ModelOptions {
   int32_t page_size = 16;
   std::string kv_type = "f32";  // --kv-type: f32, f16, bf16, q8_0 (kernels::parse_kv_type)
   int64_t kv_pages = 0;
+  std::string kv_cold;  // --kv-cold: "", host:BYTES or dir:PATH:BYTES
   int32_t batch = 256;
   bool quiet = false;
 };

@@ -21,7 +21,9 @@ Engine::Engine(const Model& model, const EngineOptions& opt)
       opt_(opt),
       threads_(opt.threads),
       kv_(default_pool_config(model.config(), opt), model.config().n_layer, model.config().n_head_kv),
-      runner_(model, threads_, opt.max_batch_tokens) {}
+      runner_(model, threads_, opt.max_batch_tokens) {
+  if (!opt.kv_cold.empty()) kv_.set_cold_tier(kv::make_cold_tier(opt.kv_cold, kv_.pool().record_bytes()));
+}
 
 GenerateResult Engine::generate(const Request& req, const std::function<bool(std::string_view)>& on_text) {
   // One request, no prefix cache (nothing to share with; and a hit would protect pages from compression,

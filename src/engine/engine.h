@@ -30,6 +30,9 @@ struct EngineOptions {
   DType kv_type = DType::F32;
   int64_t kv_pages = 0;  // 0: enough for one sequence of the full context (allocated lazily anyway)
   int32_t max_batch_tokens = 256;  // prefill chunk / batch size per forward call
+  // Cold KV tier (kv/cold_tier.h): "" = none, "host:BYTES" or "dir:PATH:BYTES". Swap preemption and
+  // prefix-cache spill use it.
+  std::string kv_cold;
 };
 
 // What generate() returns: the tokens and text, how it ended, and the request's figures.

@@ -160,10 +160,13 @@ void Scheduler::admit() {
     const int32_t reserve = static_cast<int32_t>(need / kv_->n_streams() * kv_->page_size());
     if (s.swapped) {  // back from the cold tier, bit-identical; a lost record means recompute
       if (!kv_->can_allocate(kv_->swap_in_pages(*s.swapped))) break;
+      const double t0 = now_s();
       s.kv = kv_->swap_in(*s.swapped, reserve);
       s.swapped.reset();
       if (s.kv) {
         ++s.stats.swap_ins;
+        std::lock_guard<std::mutex> lock(mu_);
+        metrics_.swap_in.observe(now_s() - t0);
       } else {
         s.recompute = true;
         ++s.stats.recomputes;
@@ -178,9 +181,13 @@ void Scheduler::admit() {
       // A compressed sequence whose prompt may not be registered must not attach cached blocks either:
       // attached pages are shared, hence protected from eviction, which a solo run would not have.
       if (opt_.prefix_cache && (!s.comp || s.comp->schedule().may_register(s.n_prompt))) {
-        s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt);
+        int32_t cold = 0;
+        s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt, &cold);
         s.registered_blocks = s.n_computed / kv_->page_size();
-        if (s.stats.preemptions == 0) s.stats.cached_tokens = s.n_computed;
+        if (s.stats.preemptions == 0) {
+          s.stats.cached_tokens = s.n_computed;
+          s.stats.cached_tokens_cold = cold;
+        }
       }
       if (s.comp && s.recompute) {  // the KV is recomputed from text: the compressor starts afresh
         s.comp_before.add(s.comp->stats());
@@ -207,10 +214,13 @@ void Scheduler::preempt(Sequence* s) {
   bool swapped = false;
   if (opt_.swap_preemption && kv_->has_cold_tier()) {
     auto sw = std::make_unique<kv::SwappedKv>();
+    const double t0 = now_s();
     if (kv_->swap_out(*s->kv, s->id, *sw)) {
       s->swapped = std::move(sw);
       ++s->stats.swap_outs;
       swapped = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_.swap_out.observe(now_s() - t0);
     }
   }
   {

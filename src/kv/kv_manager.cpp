@@ -142,8 +142,8 @@ std::unique_ptr<SequenceKv> KvManager::new_sequence(int32_t reserve_slots) {
   return kv;
 }
 
-int32_t KvManager::attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt) {
-  return cache_.attach(kv, tokens, salt);
+int32_t KvManager::attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold) {
+  return cache_.attach(kv, tokens, salt, from_cold);
 }
 
 void KvManager::register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt) {

@@ -75,7 +75,7 @@ class KvManager {
   // Prefix cache. attach: the longest cached prefix of `tokens` (whole blocks, leaving one token to
   // compute) into the empty `kv`; returns the tokens reused. register_blocks: the first n_blocks full
   // blocks that `kv` holds uncompacted become findable.
-  int32_t attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt);
+  int32_t attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold = nullptr);
   void register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt);
   void clear_prefix_cache() { cache_.clear(); }
   const PrefixCacheStats& prefix_stats() const { return cache_.stats(); }

@@ -32,7 +32,7 @@ uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> block,
   return XXH3_64bits_digest(&st);
 }
 
-int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt) {
+int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold) {
   const int32_t ps = pool_->config().page_size;
   ++stats_.queries;
   if (kv.max_slots() != 0) return 0;
@@ -52,6 +52,7 @@ int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uin
       for (PageId p : it->second) pool_->release(p);
       ++stats_.blocks_hit_cold;
       stats_.tokens_hit_cold += ps;
+      if (from_cold) *from_cold += ps;
     }
     ++matched;
   }

@@ -52,7 +52,8 @@ class PrefixCache : private PagePool::ReuseListener {
 
   // Attaches the longest cached prefix of `tokens` (whole blocks only, and always leaving at least one
   // token to compute so the caller gets logits) to the empty sequence `kv`. Returns tokens reused.
-  int32_t attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt);
+  // `from_cold` (optional) receives how many of them were loaded from the cold tier.
+  int32_t attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold = nullptr);
   // Registers the full blocks of `tokens` that `kv` holds (kv must hold them in order, uncompacted).
   void register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt);
   // Forgets every block (their free pages become plain free pages).
