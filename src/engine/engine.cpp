@@ -119,7 +119,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
     if (!forward_.run(std::span<BatchItem>(&item, 1), comp.get()))
       throw std::runtime_error("KV cache exhausted during decode (" + std::to_string(pool_.used_pages()) + " pages in use)");
     ++res.decode_steps;
-    peak_pages = std::max(peak_pages, static_cast<size_t>(kv->pages_held()));
+    peak_pages = std::max(peak_pages, static_cast<size_t>(comp ? comp->peak_accounted_pages(*kv) : kv->pages_held()));
     if (comp) comp->after_forward(*kv, false);
   }
   if (res.stop_reason != "stop") {
@@ -128,7 +128,7 @@ GenerateResult Engine::generate(const GenerateRequest& req, const std::function<
     if (!rest.empty() && on_text) on_text(rest);
   }
   res.decode_seconds = now_seconds() - t1;
-  res.kv_pages_in_use = kv->pages_held();
+  res.kv_pages_in_use = comp ? comp->accounted_pages(*kv) : kv->pages_held();
   res.resident_kv_bytes = static_cast<size_t>(res.kv_pages_in_use) * pool_.page_bytes();
   res.peak_resident_kv_bytes = peak_pages * pool_.page_bytes();
   res.pool_reserved_bytes = pool_.reserved_bytes();
