@@ -49,7 +49,7 @@ void CompressConfig::validate(const ModelConfig& model, const QueryStats* calibr
                                                  std::to_string(floor) + ")");
   if (policy_needs_calibration(policy) && calibration == nullptr)
     throw InvalidCompressConfig("kv_policy", pol + " needs calibration statistics: run `kvpack calibrate -m MODEL --text FILE -o FILE`, "
-                                             "then pass --kv-calib FILE (kvpack serve --kv-calib FILE for the server)");
+                                             "then pass --kv-calib FILE (kvpack serve --kv-calib FILE for the server, kv_calib in the C++ API)");
   if (policy == PolicyKind::TriAttention && model.rope_dims != model.head_dim)
     throw InvalidCompressConfig("kv_policy", pol + " needs RoPE on the whole head (rope_dims " + std::to_string(model.rope_dims) +
                                              " != head_dim " + std::to_string(model.head_dim) + ")");
