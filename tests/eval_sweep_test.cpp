@@ -116,7 +116,7 @@ TEST(EvalSweep, FailingBudgetsAreReportedNotDropped) {
   for (const auto& r : res.rows) {
     if (r.budget == 4) {
       EXPECT_FALSE(r.ok);
-      EXPECT_NE(r.error.find("smaller than sinks + window + 1"), std::string::npos) << r.error;
+      EXPECT_NE(r.error.find("is smaller than kv_sinks + kv_window + 1"), std::string::npos) << r.error;
     } else {
       EXPECT_TRUE(r.ok) << r.error;
     }
@@ -126,7 +126,7 @@ TEST(EvalSweep, FailingBudgetsAreReportedNotDropped) {
   kvpack::eval::write_csv((dir / "results.csv").string(), res, o);
   const auto lines = read_lines((dir / "results.csv").string());
   ASSERT_EQ(lines.size(), 5u);
-  EXPECT_NE(lines[1].find("failed: KV budget 4"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("failed: kv_budget: 4 is smaller"), std::string::npos) << lines[1];
   const std::string md = kvpack::eval::markdown_table(res, o);
   EXPECT_NE(md.find("failed [1]"), std::string::npos) << md;
   EXPECT_NE(md.find("[2] snapkv at budget 4"), std::string::npos) << md;

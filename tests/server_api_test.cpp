@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "compress/calibration.h"
 #include "server/api.h"
 #include "server/channel.h"
 #include "server/chat_template.h"
@@ -195,7 +196,8 @@ TEST_F(ApiTest, KvPolicyIsTheServerDefaultOverridablePerRequest) {
   r = ok({{"prompt", "x"}, {"kv_policy", "full"}});
   EXPECT_FALSE(r.spec.kv.enabled());
   EXPECT_EQ(err({{"prompt", "x"}, {"kv_budget", 0}}).param, "kv_budget");
-  ctx.has_calibration = true;
+  const compress::QueryStats stats;  // presence is what the request check needs
+  ctx.calibration = &stats;
   EXPECT_EQ(ok({{"prompt", "x"}, {"kv_policy", "triattention"}}).spec.kv.policy, compress::PolicyKind::TriAttention);
 }
 

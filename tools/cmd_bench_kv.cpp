@@ -1,7 +1,7 @@
 // `kvpack bench kv`: what compression does to KV memory and decode speed, measured side by side.
 //
 //  1. Timeline: the same seeded token stream is fed through the real model three times — full KV,
-//     naive eviction (holes, no compaction) and compaction — in chunks of --chunk tokens (<= the
+//     naive eviction (the pages a non-compacting allocator would hold, see compress/naive_layout.h) and compaction — in chunks of --chunk tokens (<= the
 //     compression interval, so compression runs on the same schedule as during decode). Resident KV
 //     bytes after every chunk go to kv_timeline.csv (and kv_timeline.png via scripts/plot_kv_timeline.py).
 //     Reports reclaim efficiency (freed bytes / evicted bytes) and compaction time as a share of the run.
@@ -59,7 +59,8 @@ Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_
     if (comp) comp->prepare(*seq, item);
     if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp.get())) throw std::runtime_error("KV pool exhausted");
     if (comp) comp->after_forward(*seq, false);
-    tl.bytes.push_back(seq->pages_held() * static_cast<int64_t>(engine.kv().pool().page_bytes()));
+    // Naive mode: the pages a non-compacting allocator would hold (the cache itself is compacted).
+    tl.bytes.push_back((comp ? comp->accounted_pages(*seq) : seq->pages_held()) * static_cast<int64_t>(engine.kv().pool().page_bytes()));
     if ((i / static_cast<size_t>(chunk)) % 16 == 15)
       std::fprintf(stderr, "\r[kvpack]   %zu/%zu tokens", i + n, stream.size());
   }
@@ -155,6 +156,7 @@ void add_bench_kv(CLI::App& bench) {
         std::fprintf(stderr, "[kvpack] calibrated %s on the first %zu tokens of the bench stream\n", b->policy.c_str(), n);
       }
     }
+    kv.validate(c, engine.calibration());
     std::printf("# kvpack bench kv: model %s (%s%s), %d tokens, chunk %d, budget %d, interval %d, policy %s, KV %s, %d threads\n",
                 c.name.c_str(), c.arch.c_str(), c.random_weights ? ", random weights" : "", b->tokens, b->chunk, b->budget,
                 b->interval, b->policy.c_str(), o->kv_type.c_str(), o->threads);

@@ -33,7 +33,7 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_option("--kv-window", o.window, "Recent slots never evicted (-1 = policy default)")->check(CLI::Range(-1, 1 << 20));
   cmd.add_option("--kv-split", o.split, "Budget split across layers/heads")->check(CLI::IsMember({"uniform", "pyramid", "ada"}));
   cmd.add_flag("--kv-protect-prompt", o.protect_prompt, "Never evict prompt tokens");
-  cmd.add_flag("--kv-naive", o.naive, "Demonstration: evict without compaction (holes; frees almost nothing)");
+  cmd.add_flag("--kv-naive", o.naive, "Demonstration: report the pages eviction without compaction would hold (it frees almost nothing)");
   cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`)")->check(CLI::ExistingFile);
 }
 
@@ -48,14 +48,10 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.protect_prompt = o.protect_prompt;
   c.naive = o.naive;
   c.calib_path = o.calib;
-  if (c.policy != compress::PolicyKind::Full && c.budget == 0)
-    throw std::invalid_argument("--kv-policy " + o.policy + " needs --kv-budget N");
-  if (compress::policy_needs_calibration(c.policy)) {
-    if (o.calib.empty())
-      throw std::invalid_argument("--kv-policy " + o.policy +
-                                  " needs calibration: run `kvpack calibrate -m MODEL --text FILE -o FILE`, then pass --kv-calib FILE");
+  // Load the statistics first (when given) so that validate() sees them.
+  if (compress::policy_needs_calibration(c.policy) && !o.calib.empty())
     engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));
-  }
+  c.validate(engine.model().config(), engine.calibration());
   return c;
 }
 

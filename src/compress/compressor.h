@@ -1,18 +1,28 @@
-// Per-sequence compression: the schedule (compress at budget + interval, cut back to budget), the
-// policy's scoring, the budget split, and compaction through SequenceKv::compact_stream, which slides
-// survivors forward in order and returns emptied tail pages to the pool in the same step.
+// Per-sequence compression: an orchestration of small parts —
+//   CompressionSchedule (schedule.h)   when to compress (budget + interval), admission projections
+//   Scorer (scorer.h)                  the policy: one score per slot of every stream
+//   BudgetSplitter (budget_split.h)    protection + per-stream budgets -> keep sets
+//   QueryWindow / KeyMass              what query-based policies and H2O need, fed by the forward
+//   NaiveLayout (naive_layout.h)       page accounting of the naive-eviction demonstration
+// and compaction through SequenceKv::compact_stream, which slides survivors forward in order and
+// returns emptied tail pages to the pool in the same step. An event is score -> select -> compact ->
+// stats. Naive mode compacts too (attention is the same); only its page figures come from NaiveLayout.
 //
-// It is also the ForwardObserver that keeps what query-based policies need (the last w post-RoPE
-// queries per layer) and it owns the H2O key-mass accumulator, which moves with compaction.
+// The compressor is also the ForwardObserver that feeds the query window.
 // Thread-safety: one compressor per sequence, used by the thread that runs that sequence.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "compress/budget_split.h"
 #include "compress/calibration.h"
 #include "compress/config.h"
+#include "compress/key_mass.h"
+#include "compress/naive_layout.h"
+#include "compress/query_window.h"
 #include "compress/schedule.h"
+#include "compress/scorer.h"
 #include "kv/sequence_kv.h"
 #include "model/forward.h"
 #include "util/thread_pool.h"
@@ -22,9 +32,9 @@ namespace kvpack::compress {
 struct CompressionStats {
   int64_t events = 0;
   int64_t evicted_slots = 0;   // summed over streams
-  int64_t freed_pages = 0;
+  int64_t freed_pages = 0;     // naive mode: pages a non-compacting allocator would free (NaiveLayout)
   uint64_t evicted_bytes = 0;  // K+V bytes of evicted slots
-  uint64_t freed_bytes = 0;    // bytes of pages returned to the pool
+  uint64_t freed_bytes = 0;    // bytes of pages returned to the pool (naive: that it would return)
   double seconds = 0;          // scoring + selection + compaction
   double score_seconds = 0;
   int64_t max_streams_slots = 0;  // largest stream length seen at a compression event
@@ -34,7 +44,8 @@ struct CompressionStats {
 
 class SequenceCompressor : public ForwardObserver {
  public:
-  // `stats` must be non-null for policies that need calibration (throws std::invalid_argument).
+  // Validates an enabled `cfg` (CompressConfig::validate: throws InvalidCompressConfig, e.g. when `stats`
+  // is null for a policy that needs calibration). A disabled config makes every call a no-op.
   SequenceCompressor(const CompressConfig& cfg, const ModelConfig& model, const QueryStats* stats, int32_t prompt_len,
                      ThreadPool* pool = nullptr);
 
@@ -55,15 +66,20 @@ class SequenceCompressor : public ForwardObserver {
   int64_t accounted_pages(const kv::SequenceKv& kv) const { return kv.pages_held(); }
   // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
   const CompressionSchedule& schedule() const { return schedule_; }
+  // Pages this sequence's KV accounts for: kv.pages_held(), or in naive mode the pages a
+  // non-compacting allocator would hold (the virtual hole layout, NaiveLayout).
+  int64_t accounted_pages(const kv::SequenceKv& kv) const;
+  // The peak of accounted_pages over the after_forward calls so far (each measured right after a
+  // forward, before any compression) and now: in naive mode the virtual pages peak even inside loops
+  // that measure only real pages (Engine::prefill); kv.pages_held() otherwise.
+  int64_t peak_accounted_pages(const kv::SequenceKv& kv) const;
 
   void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) override;
 
  private:
   int64_t live_total(const kv::SequenceKv& kv) const;
-  void score_all(const kv::SequenceKv& kv);
-  void score_triattention(const kv::SequenceKv& kv);
-  void score_window_policy(const kv::SequenceKv& kv);
-  std::span<const float> recent_queries(int32_t layer, int32_t& w) ;
+  // Protection of stream s: the config's, plus leading shared (prefix-cache) pages treated as sinks.
+  Protection protection(const kv::SequenceKv& kv, int32_t s) const;
 
   CompressConfig cfg_;
   ModelConfig mc_;
@@ -73,17 +89,17 @@ class SequenceCompressor : public ForwardObserver {
   int32_t n_streams_;
   CompressionStats stats_;
   CompressionSchedule schedule_;
-  std::vector<std::vector<float>> scores_;  // per stream
-  std::vector<std::vector<int32_t>> keeps_;
-  std::vector<std::vector<int32_t>> live_;  // per stream: candidate (non-hole) slot indices
-  std::vector<int32_t> removed_;
-  // Query window: [layer][qwin_][q_dim] ring, newest at (qhead_ - 1).
-  int32_t qwin_ = 0, qcount_ = 0;
-  std::vector<float> qring_;
-  std::vector<float> qlinear_;
-  // H2O accumulated attention mass: [stream][mass_cap_].
-  std::vector<float> mass_;
-  int32_t mass_cap_ = 0;
+  std::unique_ptr<Scorer> scorer_;  // null when disabled
+  ScorerNeeds needs_;
+  BudgetSplitter splitter_;
+  QueryWindow queries_;
+  KeyMass mass_;
+  NaiveLayout naive_;  // used only when cfg_.naive
+  int64_t naive_peak_pages_ = 0;
+  // Per-event scratch, kept between events to avoid reallocation.
+  std::vector<std::vector<float>> scores_;
+  std::vector<std::vector<int32_t>> keeps_, positions_;
+  std::vector<StreamCandidates> candidates_;
 };
 
 }  // namespace kvpack::compress

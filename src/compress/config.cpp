@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "compress/calibration.h"
+#include "model/model.h"
+
 namespace kvpack::compress {
 namespace {
 struct Named {
@@ -29,6 +32,27 @@ int32_t CompressConfig::effective_window() const {
       // a sixteenth of the budget keeps the same proportion at small budgets.
       return std::clamp(budget / 16, 0, 128);
   }
+}
+
+void CompressConfig::validate(const ModelConfig& model, const QueryStats* calibration) const {
+  const std::string pol = std::string("'") + policy_name(policy) + "'";
+  if (budget < 0) throw InvalidCompressConfig("kv_budget", "must be >= 0 (is " + std::to_string(budget) + ")");
+  if (interval < 1) throw InvalidCompressConfig("kv_interval", "must be >= 1 (is " + std::to_string(interval) + ")");
+  if (sinks < 0) throw InvalidCompressConfig("kv_sinks", "must be >= 0 (is " + std::to_string(sinks) + ")");
+  if (window < -1) throw InvalidCompressConfig("kv_window", "must be >= 0, or -1 for the policy default (is " + std::to_string(window) + ")");
+  if (policy == PolicyKind::Full) return;
+  if (budget == 0)
+    throw InvalidCompressConfig("kv_budget", "kv_policy " + pol + " needs kv_budget > 0 (command line: --kv-budget N)");
+  const int32_t floor = sinks + effective_window() + 1;  // at least one evictable slot
+  if (budget < floor)
+    throw InvalidCompressConfig("kv_budget", std::to_string(budget) + " is smaller than kv_sinks + kv_window + 1 (" +
+                                                 std::to_string(floor) + ")");
+  if (policy_needs_calibration(policy) && calibration == nullptr)
+    throw InvalidCompressConfig("kv_policy", pol + " needs calibration statistics: run `kvpack calibrate -m MODEL --text FILE -o FILE`, "
+                                             "then pass --kv-calib FILE (kvpack serve --kv-calib FILE for the server, kv_calib in the C++ API)");
+  if (policy == PolicyKind::TriAttention && model.rope_dims != model.head_dim)
+    throw InvalidCompressConfig("kv_policy", pol + " needs RoPE on the whole head (rope_dims " + std::to_string(model.rope_dims) +
+                                             " != head_dim " + std::to_string(model.head_dim) + ")");
 }
 
 PolicyKind parse_policy(const std::string& name) {
@@ -59,15 +83,6 @@ const char* split_name(BudgetSplit s) {
     case BudgetSplit::Ada: return "ada";
   }
   return "?";
-}
-
-bool policy_needs_queries(PolicyKind p) {
-  return p == PolicyKind::SnapKV || p == PolicyKind::RKV || p == PolicyKind::TOVA;
-}
-bool policy_needs_key_mass(PolicyKind p) { return p == PolicyKind::H2O; }
-bool policy_needs_calibration(PolicyKind p) { return p == PolicyKind::TriAttention; }
-int32_t policy_query_window(PolicyKind p) {
-  return p == PolicyKind::TOVA ? 1 : (p == PolicyKind::SnapKV || p == PolicyKind::RKV) ? 8 : 0;
 }
 
 }  // namespace kvpack::compress

@@ -2,12 +2,20 @@
 // Every other field has a default that works untuned; see README "KV compression".
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+namespace kvpack {
+struct ModelConfig;
+}
+
 namespace kvpack::compress {
 
+struct QueryStats;
+
 enum class PolicyKind { Full, Streaming, KNorm, TriAttention, SnapKV, RKV, TOVA, H2O };
+inline constexpr int kNumPolicies = 8;
 enum class BudgetSplit { Uniform, Pyramid, Ada };
 
 struct CompressConfig {
@@ -19,11 +27,29 @@ struct CompressConfig {
   bool protect_prompt = false;
   bool compress_prefill = true;  // also cut back right after a prompt longer than the budget
   BudgetSplit split = BudgetSplit::Uniform;
-  bool naive = false;         // demonstration mode: evicted slots become holes, no compaction
+  bool naive = false;         // demonstration: report the pages a non-compacting allocator would hold (NaiveLayout)
   std::string calib_path;     // TriAttention statistics (kvpack calibrate)
 
   bool enabled() const { return policy != PolicyKind::Full && budget > 0; }
   int32_t effective_window() const;
+  // The one check of a compression config, used by every entry point (CLI, C++ API, HTTP API, the
+  // compressor itself). `calibration` = the statistics the engine holds (nullptr: none). Throws
+  // InvalidCompressConfig naming the field, e.g. "kv_budget: 12 is smaller than kv_sinks + kv_window
+  // + 1 (13)". A policy other than full needs a budget > 0; policy full with any budget is valid here
+  // (budget 0 and full both mean "no compression").
+  void validate(const ModelConfig& model, const QueryStats* calibration) const;
+};
+
+// What CompressConfig::validate throws: field() is the API name of the offending setting (kv_policy,
+// kv_budget, kv_interval, kv_sinks, kv_window), what() starts with it.
+class InvalidCompressConfig : public std::invalid_argument {
+ public:
+  InvalidCompressConfig(std::string field, const std::string& problem)
+      : std::invalid_argument(field + ": " + problem), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 // Policy names as used on the command line and in the API: full, streaming, knorm, triattention,
@@ -32,6 +58,7 @@ PolicyKind parse_policy(const std::string& name);
 const char* policy_name(PolicyKind p);
 BudgetSplit parse_split(const std::string& name);
 const char* split_name(BudgetSplit s);
+// What the policy's scorer needs (see compress/scorer.h, ScorerNeeds: the one source of these answers).
 bool policy_needs_queries(PolicyKind p);      // keeps a window of recent post-RoPE queries
 bool policy_needs_key_mass(PolicyKind p);     // attention kernel must emit per-key probability mass
 bool policy_needs_calibration(PolicyKind p);

@@ -32,12 +32,9 @@ std::unique_ptr<Session> Session::open(const SessionOptions& o) {
   im.kv.budget = o.kv_budget;
   im.kv.interval = o.kv_interval;
   im.kv.split = compress::parse_split(o.kv_split);
-  if (im.kv.policy != compress::PolicyKind::Full && im.kv.budget <= 0)
-    throw std::invalid_argument("kv_policy '" + o.kv_policy + "' needs kv_budget > 0");
-  if (compress::policy_needs_calibration(im.kv.policy)) {
-    if (o.kv_calib.empty()) throw std::invalid_argument("kv_policy '" + o.kv_policy + "' needs kv_calib (see `kvpack calibrate`)");
+  if (compress::policy_needs_calibration(im.kv.policy) && !o.kv_calib.empty())
     im.engine->set_calibration(compress::QueryStats::load(o.kv_calib, im.model->config()));
-  }
+  im.kv.validate(im.model->config(), im.engine->calibration());  // kv_calib missing: names `kvpack calibrate`
   return s;
 }
 

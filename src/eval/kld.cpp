@@ -122,7 +122,7 @@ KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windo
         full_logits = lf.data();
       }
       run_one(engine, *seq_c, &w[i], lc.data(), comp.get());
-      r.peak_pages = std::max(r.peak_pages, seq_c->pages_held());
+      r.peak_pages = std::max(r.peak_pages, comp ? comp->accounted_pages(*seq_c) : seq_c->pages_held());  // naive: virtual pages
       if (i + 1 < w.size()) {
         const int32_t af = log_softmax(full_logits, V, pf);
         const int32_t ac = log_softmax(lc.data(), V, pc);
@@ -144,7 +144,7 @@ KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windo
       }
       if (comp && comp->after_forward(*seq_c, i == 0)) evicted = true;
     }
-    r.final_pages = seq_c->pages_held();
+    r.final_pages = comp ? comp->accounted_pages(*seq_c) : seq_c->pages_held();
     if (seq_f) r.full_final_pages = seq_f->pages_held();
     if (comp) r.compression.add(comp->stats());
   }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/attention_impl.h"
+#include "kernels/cpu_features.h"
 #include "util/half.h"
 
 namespace kvpack::kernels {
@@ -24,41 +25,21 @@ struct Path {
   Fn fn;
 };
 
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
-
 // Returns the path named `isa` if this CPU can run it, else nullptr.
-const Path* find_path(const char* isa) {
-  static const Path kScalar{"scalar", attn_detail::paged_attention_scalar};
-  static const Path kAvx2{"avx2", attn_detail::paged_attention_avx2};
-  static const Path kAvx512{"avx512", attn_detail::paged_attention_avx512};
-  if (isa == nullptr) return nullptr;
-  if (std::strcmp(isa, "scalar") == 0) return &kScalar;
-  if (std::strcmp(isa, "avx2") == 0) return cpu_has_avx2() ? &kAvx2 : nullptr;
-  if (std::strcmp(isa, "avx512") == 0) return cpu_has_avx512() ? &kAvx512 : nullptr;
-  return nullptr;
+const Path* find_path(Isa isa) {
+  static const Path kPaths[kNumIsas] = {{"scalar", attn_detail::paged_attention_scalar},
+                                        {"avx2", attn_detail::paged_attention_avx2},
+                                        {"avx512", attn_detail::paged_attention_avx512}};
+  return cpu_supports(isa, kAttentionIsa) ? &kPaths[static_cast<int>(isa)] : nullptr;
 }
 
-const Path& chosen_path() {
-  static const Path* path = [] {
-    const Path* best = find_path(cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "scalar");
-    if (const char* env = std::getenv("KVPACK_ISA"); env != nullptr && *env != '\0') {
-      if (const Path* forced = find_path(env)) return forced;
-      std::fprintf(stderr, "kvpack: KVPACK_ISA=%s is not available for attention on this CPU; using %s\n", env,
-                   best->name);
-    }
-    return best;
-  }();
-  return *path;
+const Path* find_path(const char* name) {
+  Isa isa;
+  return parse_isa(name, &isa) ? find_path(isa) : nullptr;
 }
+
+// The one dispatch mechanism (kernels/cpu_features): KVPACK_ISA forcing and the fallback note live there.
+const Path& chosen_path() { return *find_path(selected_isa(kAttentionIsa)); }
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("paged_attention: " + what); }
 

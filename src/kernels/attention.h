@@ -49,9 +49,6 @@ struct KvStreamView {
   int32_t head_dim = 0;
   DType kv_type = DType::F32;
   size_t v_offset = 0;  // byte offset of the V block inside a page (>= page_size * kv_row_bytes(kv_type, head_dim))
-  // Optional per-slot hole flags (n_slots bytes, non-zero = evicted but not compacted away): such slots
-  // get no attention weight. Only the "naive eviction" demonstration mode uses holes; nullptr = none.
-  const uint8_t* holes = nullptr;
 };
 
 struct AttentionArgs {
@@ -74,9 +71,10 @@ size_t attention_scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, 
 
 void paged_attention(const KvStreamView& kv, const AttentionArgs& args);
 
-// Instruction-set paths. paged_attention() uses the best one this CPU supports ("avx512", then "avx2",
-// then "scalar"), chosen once on first use; the environment variable KVPACK_ISA=scalar|avx2|avx512 forces
-// one (ignored, with a warning on stderr, if this CPU cannot run it).
+// Instruction-set paths. paged_attention() uses kernels/cpu_features' choice for attention
+// (selected_isa(kAttentionIsa): the best path this CPU supports, "avx512" needing no VNNI, then "avx2",
+// then "scalar"; KVPACK_ISA=scalar|avx2|avx512 forces one, ignored with a note on stderr if this CPU
+// cannot run it).
 // Invalid arguments (unsupported kv_type, n_new > n_slots, null pointers, ...) throw std::invalid_argument.
 const char* attention_isa();
 // True if `isa` names a path ("scalar", "avx2", "avx512") that this CPU can run.

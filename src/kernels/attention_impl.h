@@ -103,13 +103,6 @@ inline Layout make_layout(float* scratch, int32_t n_new, int32_t group, int32_t 
   return L;
 }
 
-// Holes (naive eviction) get a -inf score in every row, hence zero weight.
-inline void mask_holes(float* scores, int32_t psp, int32_t n, int32_t R, const uint8_t* holes) {
-  for (int32_t j = 0; j < n; ++j)
-    if (holes[j])
-      for (int32_t r = 0; r < R; ++r) scores[static_cast<size_t>(r) * psp + j] = -__builtin_inff();
-}
-
 template <class Kern>
 void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t hd = kv.head_dim, ps = kv.page_size, G = a.group, n_new = a.n_new;
@@ -150,7 +143,6 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const int32_t n = imin(ps, last_limit - s0);
       const uint8_t* page = kv.pages[pg];
       Kern::qk(block(page, n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
-      if (kv.holes != nullptr) mask_holes(L.scores, psp, n, R, kv.holes + s0);
       Kern::softmax(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, L.alpha);
       Kern::pv(block(page + kv.v_offset, n), kind, n, hd, L.scores, psp, L.alpha, L.acc, hdp, R, G, first_limit - s0, L.conv);
     }
@@ -167,8 +159,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
         const int32_t s0 = pg * ps;
         const int32_t n = imin(ps, last_limit - s0);
         Kern::qk(block(kv.pages[pg], n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
-        if (kv.holes != nullptr) mask_holes(L.scores, psp, n, R, kv.holes + s0);
-        Kern::mass(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, a.key_mass + s0);
+          Kern::mass(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, a.key_mass + s0);
       }
     }
   }

@@ -60,7 +60,6 @@ bool SequenceKv::append(int32_t n, int32_t pos0) {
       pool_->positions(s.pages[static_cast<size_t>(slot / ps)])[slot % ps] = pos0 + i;
     }
     s.n_slots += n;
-    if (!s.holes.empty()) s.holes.resize(static_cast<size_t>(s.n_slots), 0);
   }
   next_pos_ = std::max(next_pos_, pos0 + n);
   return true;
@@ -119,7 +118,6 @@ kernels::KvStreamView SequenceKv::view(int32_t stream) const {
   v.head_dim = pool_->config().head_dim;
   v.kv_type = pool_->config().kv_type;
   v.v_offset = pool_->v_offset();
-  v.holes = s.holes.empty() ? nullptr : s.holes.data();
   return v;
 }
 
@@ -132,7 +130,6 @@ void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
     s.page_ptrs.pop_back();
   }
   s.n_slots = n_slots;
-  if (!s.holes.empty()) s.holes.resize(static_cast<size_t>(n_slots));
 }
 
 bool SequenceKv::make_private(Stream& s, size_t page_index) {
@@ -174,53 +171,8 @@ int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep
     std::memcpy(dp + voff, sp + voff, row);
     pool_->positions(s.pages[dpage])[dst % ps] = pool_->positions(s.pages[static_cast<size_t>(src / ps)])[src % ps];
   }
-  s.holes.clear();  // compaction removes every hole
   shrink_to(s, static_cast<int32_t>(keep.size()));
   return pages_before - static_cast<int64_t>(s.pages.size());
-}
-
-int32_t SequenceKv::live_slots(int32_t stream) const {
-  const auto& s = streams_[static_cast<size_t>(stream)];
-  if (s.holes.empty()) return s.n_slots;
-  int32_t live = 0;
-  for (uint8_t h : s.holes) live += h == 0;
-  return live;
-}
-
-int64_t SequenceKv::punch_holes(int32_t stream, std::span<const int32_t> keep, std::vector<int32_t>* removed_pages) {
-  auto& s = streams_[static_cast<size_t>(stream)];
-  const int32_t ps = pool_->config().page_size;
-  if (s.holes.empty()) s.holes.assign(static_cast<size_t>(s.n_slots), 0);
-  std::vector<uint8_t> kept(static_cast<size_t>(s.n_slots), 0);
-  for (int32_t k : keep) kept[static_cast<size_t>(k)] = 1;
-  for (int32_t j = 0; j < s.n_slots; ++j)
-    if (!kept[static_cast<size_t>(j)]) s.holes[static_cast<size_t>(j)] = 1;
-  // Free the pages whose every slot is a hole. Only the last page can be partially filled, and removing
-  // pages keeps the others in order, so the stream stays "full pages, then at most one partial page".
-  std::vector<PageId> pages;
-  std::vector<const uint8_t*> ptrs;
-  std::vector<uint8_t> holes;
-  int64_t freed = 0;
-  for (size_t pg = 0; pg < s.pages.size(); ++pg) {
-    const int32_t first = static_cast<int32_t>(pg) * ps;
-    const int32_t n = std::min(ps, s.n_slots - first);
-    bool all_holes = true;
-    for (int32_t j = 0; j < n; ++j) all_holes &= s.holes[static_cast<size_t>(first + j)] != 0;
-    if (all_holes) {
-      pool_->release(s.pages[pg]);
-      ++freed;
-      if (removed_pages) removed_pages->push_back(static_cast<int32_t>(pg));
-      continue;
-    }
-    pages.push_back(s.pages[pg]);
-    ptrs.push_back(s.page_ptrs[pg]);
-    holes.insert(holes.end(), s.holes.begin() + first, s.holes.begin() + first + n);
-  }
-  s.pages.swap(pages);
-  s.page_ptrs.swap(ptrs);
-  s.n_slots = static_cast<int32_t>(holes.size());
-  s.holes.swap(holes);
-  return freed;
 }
 
 void SequenceKv::attach_shared_block(std::span<const PageId> pages_per_stream, int32_t pos0) {

@@ -65,18 +65,6 @@ class SequenceKv {
   // The page of `stream` holding slots [block * page_size, (block + 1) * page_size).
   PageId block_page(int32_t stream, int32_t block) const { return streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(block)]; }
 
-  // Naive eviction (demonstration only): the slots of `stream` NOT in `keep` (strictly increasing)
-  // become holes — still in their pages, never attended — and only pages whose every slot is a hole go
-  // back to the pool (removed from the page table; later slots shift down by a page). This is what a
-  // paged allocator gets from token eviction without compaction. Returns pages freed; the indices (in
-  // the old numbering) of the removed pages go to `removed_pages` if given.
-  int64_t punch_holes(int32_t stream, std::span<const int32_t> keep, std::vector<int32_t>* removed_pages = nullptr);
-  int32_t live_slots(int32_t stream) const;  // slots that are not holes
-  bool is_hole(int32_t stream, int32_t slot) const {
-    const auto& h = streams_[static_cast<size_t>(stream)].holes;
-    return !h.empty() && h[static_cast<size_t>(slot)] != 0;
-  }
-
   // Swap-in (kv/kv_manager.h): gives the empty stream `stream` n_slots slots on pages[i] where pages[i] is
   // a page whose reference the caller hands over (a shared page kept hot while swapped out), or on a fresh
   // page where pages[i] == kNoPage (its bytes and positions are for the caller to fill). Takes ownership
@@ -97,7 +85,6 @@ class SequenceKv {
   struct Stream {
     std::vector<PageId> pages;
     std::vector<const uint8_t*> page_ptrs;  // base pointers for the attention kernel
-    std::vector<uint8_t> holes;             // per slot, only after punch_holes (naive eviction)
     int32_t n_slots = 0;
   };
   void shrink_to(Stream& s, int32_t n_slots);

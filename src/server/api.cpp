@@ -144,16 +144,12 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   }
   if (bud) s.kv.budget = static_cast<int32_t>(as_int(*bud, "kv_budget", 0, 1 << 24));
   if (s.kv.policy != compress::PolicyKind::Full) {
-    if (s.kv.budget <= 0)
-      fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) + "' needs a kv_budget > 0", bud ? "kv_budget" : "kv_policy");
-    const int32_t floor = s.kv.sinks + s.kv.effective_window() + 1;  // what the compressor insists on
-    if (s.kv.budget < floor)
-      fail("kv_budget " + std::to_string(s.kv.budget) + " is smaller than sinks + window + 1 (" + std::to_string(floor) + ")",
-           "kv_budget");
-    if (compress::policy_needs_calibration(s.kv.policy) && !ctx.has_calibration)
-      fail(std::string("kv_policy '") + compress::policy_name(s.kv.policy) +
-               "' needs calibration statistics and this server was started without them (kvpack serve --kv-calib FILE)",
-           "kv_policy");
+    try {
+      s.kv.validate(*ctx.model, ctx.calibration);
+    } catch (const compress::InvalidCompressConfig& e) {
+      // A budget the request did not send is the server default: the request's kv_policy is at fault.
+      fail(e.what(), e.field() == "kv_budget" && !bud ? "kv_policy" : e.field());
+    }
   } else if (bud && s.kv.budget > 0) {
     fail("kv_budget has no effect with kv_policy 'full'; set kv_policy too", "kv_budget");
   }

@@ -53,7 +53,7 @@ struct ApiContext {
   const ModelConfig* model = nullptr;
   ChatFormat chat_format = ChatFormat::Plain;
   compress::CompressConfig default_kv;  // server default policy, overridable per request
-  bool has_calibration = false;         // whether policies that need calibration can run
+  const compress::QueryStats* calibration = nullptr;  // the engine's statistics (nullptr: none; triattention refused)
   int64_t kv_capacity_pages = 0;        // page pool size (an uncompressed prompt must fit)
   int32_t page_size = 16;
   ApiLimits limits;

@@ -58,7 +58,7 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_.model = &model.config();
   ctx_.chat_format = detect_chat_format(model.chat_template());
   ctx_.default_kv = opt_.default_kv;
-  ctx_.has_calibration = engine.calibration() != nullptr;
+  ctx_.calibration = engine.calibration();
   ctx_.kv_capacity_pages = engine.kv().pool().capacity();
   ctx_.page_size = engine.kv().pool().config().page_size;
   ctx_.limits = opt_.limits;

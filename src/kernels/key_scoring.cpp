@@ -1,0 +1,64 @@
+// Key scoring: argument checks and the run-time path choice (kernels/cpu_features, kKeyScoringIsa).
+// The kernels are in key_scoring_scalar.cpp / key_scoring_avx512.cpp.
+#include "kernels/key_scoring.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/key_scoring_internal.h"
+
+namespace kvpack::kernels {
+namespace {
+
+void check(const KvStreamView& kv, const char* fn) {
+  if (!kv_type_supported(kv.kv_type) || kv.head_dim <= 0 || kv.page_size <= 0 || kv.n_slots < 0 ||
+      (kv.n_slots > 0 && kv.pages == nullptr))
+    throw std::invalid_argument(std::string(fn) + ": invalid KV stream view");
+}
+
+}  // namespace
+
+bool tri_key_scores_has_avx512_path(const KvStreamView& kv, const TriWeights& w) {
+  return kv.kv_type == DType::F16 && w.rope_neox && w.n_bands % 16 == 0 && w.group >= 1 && w.group <= 8 &&
+         2 * w.n_bands <= kv.head_dim;
+}
+
+void key_neg_norms(const KvStreamView& kv, float* out) {
+  check(kv, "key_neg_norms");
+  ks_detail::key_neg_norms_scalar(kv, out);
+}
+
+void tri_key_scores_on(Isa isa, const KvStreamView& kv, const TriWeights& w, float* out) {
+  check(kv, "tri_key_scores");
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("tri_key_scores_on: ") + isa_name(isa) + " is not available on this CPU");
+  if (2 * w.n_bands > kv.head_dim || w.group < 1) throw std::invalid_argument("tri_key_scores: n_bands / group out of range");
+  if (isa == Isa::Avx512 && tri_key_scores_has_avx512_path(kv, w))
+    ks_detail::tri_key_scores_avx512(kv, w, out);
+  else
+    ks_detail::tri_key_scores_scalar(kv, w, out);
+}
+
+void tri_key_scores(const KvStreamView& kv, const TriWeights& w, float* out) {
+  tri_key_scores_on(selected_isa(kKeyScoringIsa), kv, w, out);
+}
+
+void window_logits(const KvStreamView& kv, const float* q, int64_t q_stride, int32_t n_queries, int32_t group,
+                   float scale, float* logits) {
+  check(kv, "window_logits");
+  ks_detail::window_logits_scalar(kv, q, q_stride, n_queries, group, scale, logits);
+}
+
+void group_logits(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out) {
+  check(kv, "group_logits");
+  ks_detail::group_logits_scalar(kv, q, group, scale, out);
+}
+
+void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out) {
+  check(kv, "key_redundancy");
+  ks_detail::key_redundancy_scalar(kv, w_tail, out);
+}
+
+const char* key_scoring_isa() { return isa_name(selected_isa(kKeyScoringIsa)); }
+
+}  // namespace kvpack::kernels

@@ -1,0 +1,61 @@
+// Key-scoring kernels of the KV compression policies (src/compress/scorer_*.cpp turn their numbers into
+// scores): per-slot quantities computed from the keys of one KV stream, read page by page from a
+// KvStreamView (the view attention uses) and widened to f32 with kv_decode_row, for every KV type
+// (F32 / F16 / BF16 / Q8_0).
+//
+//   key_neg_norms      -||k_j||                                    (KNorm; the norm accumulated in f64)
+//   tri_key_scores     Σ_f kr_f·u_re[g][f] + ki_f·u_im[g][f] + wn[g][f]·|k_f| per GQA query head g
+//                      (TriAttention, the query side folded into u_re / u_im / wn by the caller)
+//   window_logits      max over the GQA group of (q_i · k_j)·scale for w recent queries (SnapKV, R-KV)
+//   group_logits       (q_g · k_j)·scale for each query head g of the group (TOVA's last query)
+//   key_redundancy     R-KV's cosine redundancy of every key against all the others
+//
+// Dispatch: kernels/cpu_features, family kKeyScoringIsa (KVPACK_ISA forces it like every family).
+// Only tri_key_scores has an ISA-specific path, AVX-512 for F16 keys in NeoX layout (the production
+// case, where per-key work dominated a compaction event); every other kernel, and tri on avx2, is the
+// scalar code. Arithmetic order is fixed per path, so results are reproducible run to run.
+// Thread-safety: pure functions of their arguments; the caller parallelises over streams.
+#pragma once
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/cpu_features.h"
+
+namespace kvpack::kernels {
+
+// out[j] = -sqrt(Σ_e k_j[e]²) (sum in f64), j < kv.n_slots.
+void key_neg_norms(const KvStreamView& kv, float* out);
+
+// TriAttention's per-key weights for the G query heads of one GQA group: [group][n_bands] each.
+struct TriWeights {
+  const float* u_re = nullptr;
+  const float* u_im = nullptr;
+  const float* wn = nullptr;
+  int32_t n_bands = 0;  // F = rope_dims / 2
+  int32_t group = 1;
+  bool rope_neox = false;  // band f is elements (f, f + F) (NeoX) or (2f, 2f + 1) (GPT-J)
+};
+// out[g * n_slots + j] for g < group, j < kv.n_slots.
+void tri_key_scores(const KvStreamView& kv, const TriWeights& w, float* out);
+// The same on an explicitly chosen path (tests): throws std::invalid_argument if this CPU cannot run it.
+void tri_key_scores_on(Isa isa, const KvStreamView& kv, const TriWeights& w, float* out);
+// True if the AVX-512 path serves these arguments (F16 keys, NeoX, n_bands % 16 == 0, group <= 8).
+bool tri_key_scores_has_avx512_path(const KvStreamView& kv, const TriWeights& w);
+
+// logits[i * n_slots + j] = max_g (q(i, g) · k_j) * scale, q(i, g) = q + i * q_stride + g * head_dim,
+// for i < n_queries, g < group.
+void window_logits(const KvStreamView& kv, const float* q, int64_t q_stride, int32_t n_queries, int32_t group,
+                   float scale, float* logits);
+// out[g * n_slots + j] = (q(g) · k_j) * scale, q(g) = q + g * head_dim, for g < group.
+void group_logits(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
+
+// R-KV redundancy (triattention repo baselines/utils.py cal_similarity, sliced [:, :-w]): C = cosine
+// similarity of all n keys (zero diagonal); each row's newest near-duplicate (cos > 0.5) is exempted
+// (a row without one zeroes column 0); out[j] = softmax_j(mean_i C[i, j]) for j < n - w_tail, 0 in the
+// last w_tail slots.
+void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out);
+
+// The path key scoring runs here ("scalar", "avx2" (= scalar code), "avx512").
+const char* key_scoring_isa();
+
+}  // namespace kvpack::kernels

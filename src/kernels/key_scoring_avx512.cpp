@@ -1,0 +1,54 @@
+// AVX-512 key scoring (built with the AVX-512 flags; called only when cpu_supports(Isa::Avx512,
+// kKeyScoringIsa)). TriAttention's per-key work for the common production layout — F16 keys, NeoX
+// rotary pairs (i, i + F), F a multiple of 16: the key's two halves are the real and imaginary band
+// vectors, so one row is 2F/16 vcvtph2ps loads, F/16 vsqrtps and 3 FMAs per band vector per query head.
+// The scalar path (one half-float conversion and one sqrt per element) measured ~350 ns per key at
+// head_dim 128, most of a compaction event's time. No std code here (ODR, see key_scoring_internal.h).
+// GCC 12's AVX-512 intrinsic headers trip -W(maybe-)uninitialized on their internal _mm512_undefined_*
+// temporaries (GCC bug 105593, fixed in 13); the pragma must precede the include.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include "kernels/key_scoring_internal.h"
+
+namespace kvpack::kernels::ks_detail {
+namespace {
+
+// One key against the G <= 8 query heads' weights: s[g].
+void tri_row(const uint16_t* key, int32_t F, int32_t G, const float* u_re, const float* u_im, const float* wn, float* s) {
+  __m512 acc[8];
+  for (int32_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  for (int32_t f = 0; f < F; f += 16) {
+    const __m512 kr = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + f)));
+    const __m512 ki = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + F + f)));
+    const __m512 mag = _mm512_sqrt_ps(_mm512_fmadd_ps(kr, kr, _mm512_mul_ps(ki, ki)));
+    for (int32_t g = 0; g < G; ++g) {
+      const long o = static_cast<long>(g) * F + f;
+      __m512 a = _mm512_fmadd_ps(kr, _mm512_loadu_ps(u_re + o), acc[g]);
+      a = _mm512_fmadd_ps(ki, _mm512_loadu_ps(u_im + o), a);
+      acc[g] = _mm512_fmadd_ps(mag, _mm512_loadu_ps(wn + o), a);
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) s[g] = _mm512_reduce_add_ps(acc[g]);
+}
+
+}  // namespace
+
+void tri_key_scores_avx512(const KvStreamView& kv, const TriWeights& w, float* out) {
+  const int32_t F = w.n_bands, G = w.group, ps = kv.page_size, n_slots = kv.n_slots;
+  const long row_halves = kv.head_dim;  // F16 row: head_dim halves
+  float sg[8];
+  for (int32_t s0 = 0; s0 < n_slots; s0 += ps) {
+    const auto* page = reinterpret_cast<const uint16_t*>(kv.pages[s0 / ps]);
+    const int32_t n = n_slots - s0 < ps ? n_slots - s0 : ps;
+    for (int32_t r = 0; r < n; ++r) {
+      tri_row(page + r * row_halves, F, G, w.u_re, w.u_im, w.wn, sg);
+      for (int32_t g = 0; g < G; ++g) out[static_cast<long>(g) * n_slots + s0 + r] = sg[g];
+    }
+  }
+}
+
+}  // namespace kvpack::kernels::ks_detail

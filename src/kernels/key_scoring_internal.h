@@ -1,0 +1,19 @@
+// Internal to the key-scoring kernels (not a public header): the per-ISA entry points.
+// Same ODR rule as attention_impl.h: nothing inline is shared between files built with different -m flags.
+#pragma once
+#include <cstdint>
+
+#include "kernels/key_scoring.h"
+
+namespace kvpack::kernels::ks_detail {
+
+void key_neg_norms_scalar(const KvStreamView& kv, float* out);
+void tri_key_scores_scalar(const KvStreamView& kv, const TriWeights& w, float* out);
+// Requires tri_key_scores_has_avx512_path(kv, w) and an AVX-512 CPU.
+void tri_key_scores_avx512(const KvStreamView& kv, const TriWeights& w, float* out);
+void window_logits_scalar(const KvStreamView& kv, const float* q, int64_t q_stride, int32_t n_queries, int32_t group,
+                          float scale, float* logits);
+void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
+void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out);
+
+}  // namespace kvpack::kernels::ks_detail
