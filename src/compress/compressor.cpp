@@ -48,10 +48,13 @@ int32_t SequenceCompressor::tokens_until_trigger(const kv::SequenceKv& kv) const
 }
 
 bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
+  return after_step(kv, schedule_.fires(live_total(kv), prefill_done));
+}
+
+bool SequenceCompressor::after_step(kv::SequenceKv& kv, bool compress_now) {
   if (cfg_.naive) naive_peak_pages_ = std::max(naive_peak_pages_, accounted_pages(kv));
-  if (!schedule_.fires(live_total(kv), prefill_done)) return false;
-  compress(kv);
-  return true;
+  if (compress_now) compress(kv);
+  return compress_now;
 }
 
 int64_t SequenceCompressor::accounted_pages(const kv::SequenceKv& kv) const {

@@ -55,6 +55,9 @@ class SequenceCompressor : public ForwardObserver {
   // Call after each forward; compresses when the schedule says so. `prefill_done` marks the end of the
   // prompt (compress_prefill). Returns true if it compressed.
   bool after_forward(kv::SequenceKv& kv, bool prefill_done);
+  // The same when the caller already asked schedule().fires() (the scheduler plans compressions with the
+  // step: StepPlan::Item::compress); compresses iff compress_now.
+  bool after_step(kv::SequenceKv& kv, bool compress_now);
   // Compresses back to the budget now.
   void compress(kv::SequenceKv& kv);
   // Tokens that can still be appended before the next scheduled event fires (>= 1). Prefill loops clip
@@ -62,8 +65,6 @@ class SequenceCompressor : public ForwardObserver {
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
   int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
   const CompressionStats& stats() const { return stats_; }
-  // Pages the sequence is accounted for (naive demonstration: what a non-compacting allocator holds).
-  int64_t accounted_pages(const kv::SequenceKv& kv) const { return kv.pages_held(); }
   // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
   const CompressionSchedule& schedule() const { return schedule_; }
   // Pages this sequence's KV accounts for: kv.pages_held(), or in naive mode the pages a

@@ -375,6 +375,9 @@ bool Scheduler::schedule(StepPlan& plan) {
       it.logits = n == pending;
       if (it.logits) it.logits_row = plan.n_logits++;
       it.decode = s->first_token_done();
+      // Every token appends one slot to every stream; the end of the prompt may fire an event too.
+      it.compress = s->comp && s->comp->schedule().fires(s->kv->total_slots() + static_cast<int64_t>(kv_->n_streams()) * n,
+                                                           it.logits && s->n_generated == 0);
       plan.items.push_back(it);
     }
     if (kv_->can_allocate(need)) break;
@@ -418,7 +421,7 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     }
     if (s.comp) {
       try {
-        s.comp->after_forward(*s.kv, prefill_done && s.n_generated == 0);
+        s.comp->after_step(*s.kv, item.compress);
       } catch (const std::exception& e) {  // fail this request only, not the batch
         finish(&s, FinishReason::Error, std::string("compression failed: ") + e.what());
         remove_running(&s);
