@@ -207,6 +207,8 @@ TEST(CompressEvents, TovaWithAdaKeepsOneSetPerLayer) {
 // Prefix sharing: leading pages shared with another sequence are protected (read-only) and never
 // written; once the other owner is gone they compete again.
 
+// The scheduler tells the compressor how far the prefix-cache blocks reach (set_protected_prefix): those
+// slots act as sinks and their shared pages stay untouched (copy on write is tested in kv_page_pool_test).
 TEST(CompressEvents, SharedPrefixPagesAreProtectedAndUntouched) {
   const ModelConfig mc = tiny_model(true);
   kv::PagePool pool(pool_config());
@@ -217,6 +219,7 @@ TEST(CompressEvents, SharedPrefixPagesAreProtectedAndUntouched) {
   ASSERT_TRUE(b.append(30));
   const CompressConfig cfg = make_cfg(PolicyKind::KNorm, 16, 2, 1);
   SequenceCompressor comp(cfg, mc, nullptr, 0);
+  comp.set_protected_prefix(8);  // the two attached blocks
   Snapshot sn = snapshot(b);
   const CompressionStats before = comp.stats();
   comp.compress(b.kv());
@@ -231,12 +234,13 @@ TEST(CompressEvents, SharedPrefixPagesAreProtectedAndUntouched) {
     EXPECT_EQ(b.kv().block_page(s, 0), a.kv().block_page(s, 0));
     EXPECT_EQ(b.kv().block_page(s, 1), a.kv().block_page(s, 1));
   }
-  // The other owner finishes: the pages are private now and their slots compete like any other.
+  // The other owner finishes and the prefix is no longer protected: its slots compete like any other.
   a.clear();
+  comp.set_protected_prefix(0);
   ASSERT_TRUE(b.append(10));
   sn = snapshot(b);
   compress_and_check(comp, b, sn);
-  expect_keep_sets(b, sn, ref_knorm(sn), uniform_budgets(mc, 16), cfg, 0, 0.0, "prefix no longer shared");
+  expect_keep_sets(b, sn, ref_knorm(sn), uniform_budgets(mc, 16), cfg, 0, 0.0, "prefix not protected");
 }
 
 TEST(CompressEvents, DisabledCompressionDoesNothing) {

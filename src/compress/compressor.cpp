@@ -74,14 +74,11 @@ Protection SequenceCompressor::protection(const kv::SequenceKv& kv, int32_t s) c
   p.sinks = cfg_.sinks;
   p.window = cfg_.effective_window();
   p.prompt_end = cfg_.protect_prompt ? prompt_len_ : 0;
-  // Slots in leading pages that are shared (prefix cache) are protected like sinks: a shared page is
-  // read-only, and evicting from it would free nothing anyway.
-  const int32_t ps = kv.pool().config().page_size;
-  int32_t shared = 0;  // pages up to and including the last shared one (cache entries can have gaps)
-  const auto table = kv.page_table(s);
-  for (size_t pg = 0; pg < table.size(); ++pg)
-    if (kv.pool().is_shared(table[pg])) shared = static_cast<int32_t>(pg) + 1;
-  p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), shared * ps));
+  // The prompt blocks in the prefix cache are protected like sinks: their pages are shared (read-only),
+  // and evicting from them would free nothing anyway. The scheduler says how far they reach
+  // (set_protected_prefix) rather than this looking at which pages happen to be shared now, so the keep
+  // sets do not depend on other requests or on a swap that brought the pages back as private copies.
+  p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), protected_prefix_));
   return p;
 }
 

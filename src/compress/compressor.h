@@ -65,6 +65,9 @@ class SequenceCompressor : public ForwardObserver {
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
   int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
   const CompressionStats& stats() const { return stats_; }
+  // The first `tokens` slots of every stream hold prompt blocks registered in (or attached from) the
+  // prefix cache: never evicted (see protection()).
+  void set_protected_prefix(int32_t tokens) { protected_prefix_ = tokens; }
   // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
   const CompressionSchedule& schedule() const { return schedule_; }
   // Pages this sequence's KV accounts for: kv.pages_held(), or in naive mode the pages a
@@ -86,6 +89,7 @@ class SequenceCompressor : public ForwardObserver {
   ModelConfig mc_;
   const QueryStats* qstats_;
   int32_t prompt_len_;
+  int32_t protected_prefix_ = 0;
   ThreadPool* pool_;
   int32_t n_streams_;
   CompressionStats stats_;

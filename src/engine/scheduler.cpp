@@ -178,21 +178,22 @@ void Scheduler::admit() {
       s.kv = kv_->new_sequence(reserve);
       s.n_computed = 0;
       s.registered_blocks = 0;
+      if (s.comp && s.recompute) {  // the KV is recomputed from text: the compressor starts afresh
+        s.comp_before.add(s.comp->stats());
+        s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
+                                                                s.n_prompt, &engine_->runner().threads());
+      }
       // A compressed sequence whose prompt may not be registered must not attach cached blocks either:
       // attached pages are shared, hence protected from eviction, which a solo run would not have.
       if (opt_.prefix_cache && (!s.comp || s.comp->schedule().may_register(s.n_prompt))) {
         int32_t cold = 0;
         s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt, &cold);
         s.registered_blocks = s.n_computed / kv_->page_size();
+        if (s.comp) s.comp->set_protected_prefix(s.registered_blocks * kv_->page_size());
         if (s.stats.preemptions == 0) {
           s.stats.cached_tokens = s.n_computed;
           s.stats.cached_tokens_cold = cold;
         }
-      }
-      if (s.comp && s.recompute) {  // the KV is recomputed from text: the compressor starts afresh
-        s.comp_before.add(s.comp->stats());
-        s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
-                                                                s.n_prompt, &engine_->runner().threads());
       }
       s.recompute = false;
     }
@@ -417,6 +418,7 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
       if (full > s.registered_blocks) {
         kv_->register_blocks(*s.kv, s.tokens, full, s.req.cache_salt);
         s.registered_blocks = full;
+        if (s.comp) s.comp->set_protected_prefix(full * kv_->page_size());
       }
     }
     if (s.comp) {
@@ -506,7 +508,10 @@ std::string Scheduler::check_invariants() const {
   std::vector<const kv::SequenceKv*> live;
   for (const auto& s : running_)
     if (s->kv) live.push_back(s->kv.get());
-  return kv_->check(live);
+  std::vector<const kv::SwappedKv*> swapped;
+  for (const auto& s : waiting_)
+    if (s->swapped) swapped.push_back(s->swapped.get());
+  return kv_->check(live, swapped);
 }
 
 void Scheduler::loop() {

@@ -59,8 +59,8 @@ bool KvManager::swap_out(const SequenceKv& kv, uint64_t uid, SwappedKv& out) {
     auto& pages = sw.pages[static_cast<size_t>(s)];
     pages.assign(table.size(), kNoPage);
     for (size_t i = 0; i < table.size(); ++i) {
-      if (pool_.is_shared(table[i])) {
-        pages[i] = table[i];  // stays hot (shared with the cache / others); referenced below on success
+      if (pool_.refcount(table[i]) > 1) {
+        pages[i] = table[i];  // shared with another holder: stays hot, referenced below on success
       } else {
         sw.keys.push_back(swap_key(uid, s, i));
         io_src_.push_back(pool_.data(table[i]));
@@ -71,6 +71,9 @@ bool KvManager::swap_out(const SequenceKv& kv, uint64_t uid, SwappedKv& out) {
   cold_->put_many(sw.keys, io_src_, ok);
   bool all = true;
   for (bool b : ok) all &= b;
+  // A small tier may have made room for later records of this batch by evicting earlier ones (they are
+  // pinned only now): all of them must be there.
+  for (size_t i = 0; all && i < sw.keys.size(); ++i) all = cold_->contains(sw.keys[i]);
   if (!all) {
     for (uint64_t k : sw.keys) cold_->erase(k);
     ++cold_usage_.swap_out_failures;
@@ -167,10 +170,19 @@ KvUsage KvManager::usage() const {
   return u;
 }
 
-std::string KvManager::check(std::span<const SequenceKv* const> live) const {
+std::string KvManager::check(std::span<const SequenceKv* const> live, std::span<const SwappedKv* const> swapped) const {
   std::vector<std::span<const PageId>> tables;
   for (const SequenceKv* kv : live)
     for (int32_t i = 0; i < kv->n_streams(); ++i) tables.push_back(kv->page_table(i));
+  std::vector<PageId> kept;
+  for (const SwappedKv* sw : swapped) {
+    for (const auto& pages : sw->pages)
+      for (PageId p : pages)
+        if (p != kNoPage) kept.push_back(p);
+    for (uint64_t k : sw->keys)
+      if (!cold_ || !cold_->contains(k)) return "swapped sequence " + std::to_string(sw->uid) + " lost a tier record";
+  }
+  tables.push_back(kept);
   std::string e = pool_.check(tables);
   if (e.empty()) e = cache_.check();
   return e;

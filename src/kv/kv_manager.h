@@ -26,9 +26,11 @@
 
 namespace kvpack::kv {
 
-// A sequence's KV while it is swapped out (preempted with a cold tier): its private pages are records in
-// the tier (pinned), its shared pages (prefix-cache blocks) stay hot, referenced by this handle, so the
-// sequence comes back bit-identical and with the same pages shared as before.
+// A sequence's KV while it is swapped out (preempted with a cold tier): its pages are records in the tier
+// (pinned) — cached prompt blocks only it holds too (they stay findable as cached-free pages meanwhile)
+// — except pages another holder shares, which stay hot, referenced by this handle. The sequence comes
+// back bit-identical (its restored pages are private copies; compression's protection of its cached
+// prompt blocks is explicit, SequenceCompressor::set_protected_prefix, so it does not change).
 struct SwappedKv {
   uint64_t uid = 0;
   int32_t next_pos = 0;
@@ -107,9 +109,10 @@ class KvManager {
   void drop_swapped(SwappedKv& sw);
   const ColdUsage& cold_usage();
 
-  // Invariants (tests, debug builds): the pool's accounting against the page tables of `live`, and the
-  // prefix cache against the pool's marks. "" or a description.
-  std::string check(std::span<const SequenceKv* const> live) const;
+  // Invariants (tests, debug builds): the pool's accounting against the page tables of `live` and the
+  // pages `swapped` sequences keep hot, the prefix cache against the pool's marks, and every swapped
+  // sequence's records present in the tier. "" or a description.
+  std::string check(std::span<const SequenceKv* const> live, std::span<const SwappedKv* const> swapped = {}) const;
 
   // The pool, for the layers below the scheduler (model runner, compression, benchmarks).
   PagePool& pool() { return pool_; }

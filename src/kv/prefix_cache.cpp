@@ -126,6 +126,7 @@ void PrefixCache::spill(uint64_t key, const std::vector<PageId>& pages) {
   cold_->put_many(io_keys_, io_src_, ok);
   bool all = true;
   for (bool b : ok) all &= b;
+  for (size_t s = 0; all && s < n; ++s) all = cold_->contains(io_keys_[s]);  // none evicted by its successors
   if (all) {
     ++stats_.blocks_spilled;
   } else {  // a partial block is useless: forget it

@@ -1,0 +1,321 @@
+// Swap preemption and prefix-cache spill through the real scheduler on the real model (stories260K),
+// with the real cold tiers (host memory, and files in a temporary directory): greedy outputs under any
+// load equal the solo run for every policy when preempted sequences swap; the tier full or a corrupted
+// file falls back to recompute and never yields wrong tokens; a spilled prefix comes back from the cold
+// tier; a randomized schedule over policies x prefix cache x pool size x batching x tier checks pool,
+// cache and tier invariants at every step.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/calibrate.h"
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "kv/cold_tier_file.h"
+
+using namespace kvpack;
+
+namespace {
+
+const std::string kShared = KVPACK_SHARED_DIR;
+const std::vector<std::string> kPrompts = {
+    "Once upon a time", "The little dog", "Lily and Ben went to the park", "One day, a big bird",
+    "Tom had a red ball", "The sun was hot and", "Sara wanted a cookie", "In a small house there lived",
+};
+constexpr int32_t kStreams = 20;  // stories260K: 5 layers x 4 KV heads
+
+struct Outcome {
+  std::string text;
+  FinishReason finish = FinishReason::Length;
+  RequestStats stats;
+  bool finished = false;
+};
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/kvpack-swap-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+class SwapTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = Model::load(kShared + "/models/stories260K.gguf").release();
+    std::vector<int32_t> text;
+    for (int i = 0; i < 40; ++i)
+      for (int32_t t : model_->tokenizer().encode(kPrompts[static_cast<size_t>(i % 8)] + ". ", i == 0)) text.push_back(t);
+    calib_ = new compress::QueryStats(calibrate(*model_, text, EngineOptions{}));
+  }
+  static void TearDownTestSuite() {
+    delete calib_;
+    delete model_;
+  }
+
+  static Request request(const std::string& prompt, int32_t n, compress::PolicyKind pol) {
+    Request r;
+    r.prompt = model_->tokenizer().encode(prompt, true);
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    if (pol != compress::PolicyKind::Full) {
+      r.kv.policy = pol;
+      r.kv.budget = 40;
+      r.kv.interval = 16;
+    }
+    return r;
+  }
+  // The request alone on a fresh engine with the same prefix-cache setting (a compressed sequence's
+  // registered prompt blocks are protected from eviction, so the setting is part of the configuration).
+  static std::string solo(const Request& r, bool prefix_cache = true) {
+    Engine e(*model_, EngineOptions{});
+    e.set_calibration(*calib_);
+    SchedulerOptions so;
+    so.max_running = 1;
+    so.prefix_cache = prefix_cache;
+    Scheduler sched(e, so);
+    std::map<uint64_t, Outcome> out;
+    const uint64_t id = submit(sched, r, out);
+    run(sched, out);
+    return out[id].text;
+  }
+  static uint64_t submit(Scheduler& s, Request r, std::map<uint64_t, Outcome>& out) {
+    auto id = std::make_shared<uint64_t>(0);
+    *id = s.submit(std::move(r), [&out, id](const RequestEvent& ev) {
+      Outcome& o = out[*id];
+      if (ev.kind == RequestEvent::Kind::Text) {
+        o.text += ev.text;
+        return;
+      }
+      o.finished = true;
+      o.finish = ev.finish;
+      o.stats = ev.stats;
+      if (ev.finish == FinishReason::Error) ADD_FAILURE() << "request failed: " << ev.error;
+    });
+    out[*id];
+    return *id;
+  }
+  static void run(Scheduler& s, const std::map<uint64_t, Outcome>& out) {
+    for (int i = 0; i < 100000; ++i) {
+      bool all = true;
+      for (const auto& [id, o] : out) all &= o.finished;
+      if (all) return;
+      s.step();
+      ASSERT_EQ(s.check_invariants(), "") << "step " << i;
+    }
+    FAIL() << "requests did not finish";
+  }
+
+  static Model* model_;
+  static compress::QueryStats* calib_;
+};
+Model* SwapTest::model_ = nullptr;
+compress::QueryStats* SwapTest::calib_ = nullptr;
+
+// A pool with room for about two of eight sequences and optimistic admission: preemption all the time.
+EngineOptions tight_engine(const std::string& cold) {
+  EngineOptions eo;
+  eo.kv_pages = kStreams * 14;
+  eo.kv_cold = cold;
+  return eo;
+}
+SchedulerOptions busy_scheduler(bool prefix_cache) {
+  SchedulerOptions so;
+  so.max_running = 8;
+  so.reserve_admission = false;
+  so.watermark = 0;
+  so.prefix_cache = prefix_cache;
+  so.step_tokens = 32;
+  return so;
+}
+
+}  // namespace
+
+TEST_F(SwapTest, SwapPreemptionGivesTheSoloOutputForEveryPolicy) {
+  TempDir dir;
+  using P = compress::PolicyKind;
+  for (P pol : {P::Full, P::Streaming, P::KNorm, P::TriAttention, P::SnapKV, P::RKV, P::TOVA, P::H2O}) {
+    for (const std::string cold : {std::string("host:64M"), "dir:" + dir.path + ":64M"}) {
+      Engine engine(*model_, tight_engine(cold));
+      engine.set_calibration(*calib_);
+      Scheduler sched(engine, busy_scheduler(true));
+      std::map<uint64_t, Outcome> out;
+      std::map<uint64_t, std::string> want;
+      for (const auto& p : kPrompts) {
+        Request r = request("A long time ago. " + p, 120, pol);
+        want[submit(sched, r, out)] = solo(r);
+      }
+      run(sched, out);
+      int swaps = 0;
+      for (const auto& [id, o] : out) {
+        EXPECT_EQ(o.finish, FinishReason::Length);
+        EXPECT_EQ(o.text, want[id]) << compress::policy_name(pol) << " " << cold;
+        swaps += o.stats.swap_outs;
+        EXPECT_EQ(o.stats.swap_outs, o.stats.swap_ins);
+        EXPECT_EQ(o.stats.recomputes, 0);
+      }
+      EXPECT_GT(swaps, 0) << compress::policy_name(pol) << " " << cold;
+      const auto m = sched.metrics();
+      EXPECT_EQ(m.recomputes, 0);
+      EXPECT_EQ(m.cold.swap_outs, swaps);
+      EXPECT_EQ(engine.kv().pool().used_pages(), 0);
+      engine.kv().cold_tier()->flush();
+      EXPECT_EQ(m.cold.pages_swapped_in, m.cold.pages_swapped_out);
+      EXPECT_LE(engine.kv().cold_tier()->stats().records, static_cast<uint64_t>(m.prefix.blocks_spilled) * kStreams)
+          << "swap records left behind";
+    }
+  }
+}
+
+TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {
+  // Room for a few pages only: most swap-outs fail and recompute instead (full KV recomputes exactly).
+  Engine engine(*model_, tight_engine("host:" + std::to_string(8 * 1088)));
+  Scheduler sched(engine, busy_scheduler(false));
+  std::map<uint64_t, Outcome> out;
+  std::map<uint64_t, std::string> want;
+  for (const auto& p : kPrompts) {
+    Request r = request(p, 120, compress::PolicyKind::Full);
+    want[submit(sched, r, out)] = solo(r, false);
+  }
+  run(sched, out);
+  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want[id]);
+  const auto m = sched.metrics();
+  EXPECT_GT(m.cold.swap_out_failures, 0);
+  EXPECT_GT(m.recomputes, 0);
+  EXPECT_EQ(engine.kv().pool().used_pages(), 0);
+}
+
+TEST_F(SwapTest, ACorruptedColdFileIsAMissAndARecomputeNeverWrongTokens) {
+  TempDir dir;
+  Engine engine(*model_, tight_engine("dir:" + dir.path + ":64M"));
+  Scheduler sched(engine, busy_scheduler(false));
+  std::map<uint64_t, Outcome> out;
+  std::map<uint64_t, std::string> want;
+  for (const auto& p : kPrompts) {
+    Request r = request(p, 120, compress::PolicyKind::Full);
+    want[submit(sched, r, out)] = solo(r, false);
+  }
+  auto* tier = dynamic_cast<kv::FileColdTier*>(engine.kv().cold_tier());
+  ASSERT_NE(tier, nullptr);
+  bool corrupted = false;
+  for (int i = 0; i < 100000; ++i) {
+    bool all = true;
+    for (const auto& [id, o] : out) all &= o.finished;
+    if (all) break;
+    sched.step();
+    ASSERT_EQ(sched.check_invariants(), "");
+    if (!corrupted && tier->stats().records > 0) {  // something is swapped out: flip bytes of every slot
+      tier->flush();
+      const int fd = ::open(tier->data_path().c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      const std::string junk(64, '\x5a');
+      for (int64_t s = 0; s < tier->capacity_slots(); ++s)
+        ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(s * tier->slot_bytes() + 100)), 64);
+      ::close(fd);
+      corrupted = true;
+    }
+  }
+  ASSERT_TRUE(corrupted);
+  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want[id]);
+  const auto m = sched.metrics();
+  EXPECT_GT(m.cold.swap_in_misses, 0);
+  EXPECT_GT(m.cold.tier.checksum_failures, 0u);
+  EXPECT_EQ(engine.kv().pool().used_pages(), 0);
+}
+
+TEST_F(SwapTest, ASpilledPrefixComesBackFromTheColdTier) {
+  TempDir dir;
+  std::string doc;
+  for (int i = 0; i < 12; ++i) doc += kPrompts[static_cast<size_t>(i % 8)] + ". ";
+  for (const bool with_tier : {true, false}) {
+    EngineOptions eo;
+    eo.kv_pages = kStreams * 24;
+    if (with_tier) eo.kv_cold = "dir:" + dir.path + ":64M";
+    Engine engine(*model_, eo);
+    SchedulerOptions so;
+    so.max_running = 1;
+    Scheduler sched(engine, so);
+    std::map<uint64_t, Outcome> out;
+    const Request first = request(doc + "The end.", 8, compress::PolicyKind::Full);
+    submit(sched, first, out);
+    run(sched, out);
+    // Other traffic takes every page: the document's cached-free blocks are reused (spilled).
+    for (const auto& p : kPrompts) submit(sched, request(p + " and then", 200, compress::PolicyKind::Full), out);
+    run(sched, out);
+    const Request again = request(doc + "The end. Again", 8, compress::PolicyKind::Full);
+    const uint64_t id = submit(sched, again, out);
+    run(sched, out);
+    EXPECT_EQ(out[id].text, solo(again));
+    const auto m = sched.metrics();
+    if (with_tier) {
+      EXPECT_GT(m.prefix.blocks_spilled, 0);
+      EXPECT_GT(out[id].stats.cached_tokens_cold, 0);
+      EXPECT_GT(m.prefix.tokens_hit_cold, 0);
+    } else {
+      EXPECT_EQ(out[id].stats.cached_tokens, 0);  // nothing left hot: recomputed
+    }
+  }
+}
+
+TEST_F(SwapTest, RandomSchedulesKeepInvariantsAndSoloOutputs) {
+  TempDir dir;
+  std::mt19937 rng(20261201);
+  using P = compress::PolicyKind;
+  const P policies[] = {P::Full, P::Streaming, P::KNorm, P::TriAttention, P::SnapKV, P::RKV, P::TOVA, P::H2O};
+  std::map<std::string, std::string> solo_cache;
+  int64_t swaps = 0, recomputes = 0, hits = 0;
+  for (int round = 0; round < 30; ++round) {
+    const P pol = policies[rng() % 8];
+    const int tier = static_cast<int>(rng() % 3);  // none, host, dir
+    const std::string cold = tier == 0 ? "" : tier == 1 ? "host:32M" : "dir:" + dir.path + ":32M";
+    EngineOptions eo;
+    eo.kv_pages = kStreams * (10 + static_cast<int64_t>(rng() % 30));
+    eo.kv_cold = cold;
+    Engine engine(*model_, eo);
+    engine.set_calibration(*calib_);
+    const bool cache = rng() % 2 == 0;
+    SchedulerOptions so = busy_scheduler(cache);
+    so.max_running = 1 + static_cast<int32_t>(rng() % 8);
+    so.step_tokens = 8 + static_cast<int32_t>(rng() % 56);
+    so.preempt = static_cast<PreemptPolicy>(rng() % 3);
+    Scheduler sched(engine, so);
+    std::map<uint64_t, Outcome> out;
+    std::map<uint64_t, std::string> key_of;
+    const int n = 3 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < n; ++i) {
+      const std::string p = "A long time ago. " + kPrompts[rng() % kPrompts.size()];
+      const int32_t len = 40 + static_cast<int32_t>(rng() % 100);
+      Request r = request(p, len, pol);
+      r.priority = static_cast<int32_t>(rng() % 3);
+      const std::string key = p + "|" + std::to_string(len) + "|" + compress::policy_name(pol) + (cache ? "|cache" : "");
+      if (!solo_cache.count(key)) solo_cache[key] = solo(r, cache);
+      key_of[submit(sched, r, out)] = key;
+    }
+    run(sched, out);
+    const std::string what = std::string(compress::policy_name(pol)) + " tier '" + cold + "' pages " + std::to_string(eo.kv_pages);
+    for (const auto& [id, o] : out) {
+      EXPECT_NE(o.finish, FinishReason::Error) << what;
+      // Equal to the solo run whenever the KV was never recomputed (or is recomputed exactly: full KV).
+      if (o.stats.recomputes == 0 || pol == P::Full) EXPECT_EQ(o.text, solo_cache[key_of[id]]) << what;
+      if (!cold.empty()) EXPECT_EQ(o.stats.recomputes, 0) << what;
+      swaps += o.stats.swap_outs;
+      recomputes += o.stats.recomputes;
+      hits += o.stats.cached_tokens > 0;
+    }
+    EXPECT_EQ(engine.kv().pool().used_pages(), 0) << what;
+  }
+  // The mix really preempted both ways and hit the prefix cache.
+  EXPECT_GT(swaps, 20);
+  EXPECT_GT(recomputes, 5);
+  EXPECT_GT(hits, 5);
+}
