@@ -120,7 +120,7 @@ std::unique_ptr<Model> Model::load_llama2c(const std::string& path, const std::s
   const int32_t seq_len = c.n_ctx;  // before check_hparams may clip n_ctx: the v0 RoPE tables use it
   uint64_t n_floats = 0, rope_tables = 0, expected = 0;
   try {
-    m->check_hparams("checkpoint");
+    m->check_hparams(c.name);
     // version 0 stores RoPE tables: real + imaginary halves of seq_len * head_dim / 2 each
     rope_tables = version == 0 ? checked_mul(uint64_t(seq_len), uint64_t(c.head_dim), "llama2.c RoPE table size") : 0;
     n_floats = weight_floats(c, rope_tables, shared);
