@@ -1,6 +1,6 @@
-// Chat rendering on arbitrary bytes: the whole input as a Jinja template to detect, then the input as
-// NUL-separated role/content pairs rendered in every format, as text and as tokens with a real
-// tokenizer that has ChatML markers (qwen2) and one that has Llama-3 markers (llama-bpe).
+// Chat rendering on arbitrary bytes: the whole input as a Jinja template to detect, then the rest of
+// the input as NUL-separated role/content pairs, rendered in the format the first byte picks, as text
+// and as tokens with a real tokenizer that has ChatML markers (qwen2) or Llama-3 markers (llama-bpe).
 #include <cstdint>
 
 #include "fuzz_common.h"
@@ -13,8 +13,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
   (void)chat_format_name(detect_chat_format(input));
 
+  if (input.empty()) return 0;
   std::vector<ChatMessage> msgs;
-  size_t pos = 0;
+  size_t pos = 1;
   while (pos <= input.size() && msgs.size() < 8) {
     size_t a = input.find('\0', pos);
     if (a == std::string::npos) a = input.size();
@@ -25,10 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   static const Tokenizer& chatml = fuzz::vocab_tokenizer("qwen2");
   static const Tokenizer& llama3 = fuzz::vocab_tokenizer("llama-bpe");
-  for (ChatFormat f : {ChatFormat::Plain, ChatFormat::ChatML, ChatFormat::Llama3, ChatFormat::Gemma}) {
-    (void)render_chat_text(f, msgs);
-    (void)chat_default_stops(f);
-    for (const Tokenizer* tok : {&chatml, &llama3}) fuzz::check_ids(*tok, render_chat_tokens(f, msgs, *tok));
-  }
+  const ChatFormat formats[] = {ChatFormat::Plain, ChatFormat::ChatML, ChatFormat::Llama3, ChatFormat::Gemma};
+  const ChatFormat f = formats[data[0] & 3];
+  (void)render_chat_text(f, msgs);
+  (void)chat_default_stops(f);
+  const Tokenizer& tok = data[0] & 4 ? llama3 : chatml;
+  fuzz::check_ids(tok, render_chat_tokens(f, msgs, tok));
   return 0;
 }

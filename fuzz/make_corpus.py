@@ -118,9 +118,10 @@ for i, t in enumerate(texts):
 templates = ["{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}",
              "<|start_header_id|>{{ role }}<|end_header_id|>\n\n{{ content }}<|eot_id|>",
              "<start_of_turn>user\n{{ content }}<end_of_turn>"]
+# first byte: format (bits 0-1) and tokenizer (bit 2); then the template / NUL-separated role, content pairs
 for i, t in enumerate(templates):
-    put("fuzz_chat_template", "template%d" % i, t)
-put("fuzz_chat_template", "messages", "system\0be brief\0user\0hi <|im_end|>\0assistant\0ok\0tool\0{}")
+    put("fuzz_chat_template", "template%d" % i, bytes([i + 1 + 4 * (i % 2)]) + t.encode())
+put("fuzz_chat_template", "messages", b"\x05system\0be brief\0user\0hi <|im_end|>\0assistant\0ok\0tool\0{}")
 
 bodies = [{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stop": ["\n"], "seed": 1},
           {"prompt": [1, 2, 3], "stream": True, "stream_options": {"include_usage": True}, "top_k": 5},
