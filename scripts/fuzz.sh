@@ -6,6 +6,7 @@
 # New inputs the fuzzer finds go to build-fuzz/runs/<target>/corpus, crash reproducers to
 # build-fuzz/runs/<target>/crash-*; the repository's corpus is only read.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (docs/reliability.md: the long run)
+# KVPACK_FUZZ_RUNS=N also stops each target after N executions (whichever limit comes first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -33,7 +34,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$run/corpus"
   log="$run/log.txt"
   rc=0
-  "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+  "$build/fuzz/$t" -max_total_time="$secs" ${KVPACK_FUZZ_RUNS:+-runs=$KVPACK_FUZZ_RUNS} -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
       -print_final_stats=1 -artifact_prefix="$run/" "$run/corpus" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)

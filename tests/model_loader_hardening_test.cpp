@@ -191,6 +191,7 @@ TEST(ModelLoaderHardening, Llama2cTokenizerFieldsAtExtremeValues) {
     }
   EXPECT_EQ(loaded + rejected, 3 * 5 * 3);
   EXPECT_GE(rejected, 15);  // at least every INT32_MAX vocab
+  std::printf("llama2.c tokenizer mutations: %d loaded, %d rejected\n", loaded, rejected);
 }
 
 }  // namespace
