@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "cli_util.h"
 #include "model_files.h"
@@ -59,6 +60,7 @@ TEST(CliLoaderHardening, BadFilesExitWithTheLoaderMessageNotASignal) {
     EXPECT_EQ(WEXITSTATUS(r.status), 1) << c.args;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
   }
+  std::filesystem::remove(wrap_path);  // 16 MiB
 }
 
 }  // namespace

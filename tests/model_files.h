@@ -8,13 +8,17 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <unistd.h>
 
 #include "gguf/gguf.h"
 #include "shared_files.h"
 
 namespace kvpack::test {
 
-inline std::string temp_file(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+// Per process: ctest runs test cases (and other checkouts their test suites) concurrently.
+inline std::string temp_file(const std::string& name) {
+  return ::testing::TempDir() + "/kvpack_" + std::to_string(::getpid()) + "_" + name;
+}
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

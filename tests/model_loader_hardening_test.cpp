@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "model/model.h"
@@ -40,6 +41,7 @@ TEST(ModelLoaderHardening, Llama2cHeaderWhoseSizeProductWrapsIsRejected) {
   const std::string path = temp_file("wrapping_llama2c.bin");
   test::write_bytes(path, bytes);
   const std::string err = load_error(path, kTok);
+  std::filesystem::remove(path);  // 16 MiB
   EXPECT_NE(err.find("not a llama2.c checkpoint (header says dim=1048576, hidden_dim=10485758, n_layers=524288"),
             std::string::npos) << err;
   EXPECT_NE(err.find("n_layer = 524288 is out of range"), std::string::npos) << err;
