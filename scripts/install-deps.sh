@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libxxhash-dev
-      python3 python3-numpy python3-matplotlib curl)
+      python3 python3-numpy python3-matplotlib curl
+      clang libclang-rt-dev)  # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -12,3 +13,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# scripts/fuzz.sh needs libFuzzer: a fuzz target must link with clang++ -fsanitize=fuzzer.
+probe=$(mktemp -d)
+echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$probe/probe.cpp"
+if ! clang++ -fsanitize=fuzzer "$probe/probe.cpp" -o "$probe/probe" 2>"$probe/err"; then
+  echo "install-deps: clang++ -fsanitize=fuzzer does not link (libFuzzer missing):" >&2
+  cat "$probe/err" >&2
+  rm -rf "$probe"
+  exit 1
+fi
+rm -rf "$probe"

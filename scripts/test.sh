@@ -14,3 +14,6 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVPACK_SANITIZE=ON -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")
+# Bounded fuzzing: every libFuzzer target (clang + ASan + UBSan) for a few seconds from its committed seeds,
+# which include the regression input of every crash found so far (docs/reliability.md has the long run).
+scripts/fuzz.sh "${KVPACK_FUZZ_SECONDS:-8}"

@@ -21,6 +21,24 @@ class ModelError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Sane upper bounds for hyper-parameters read from a file. Published models stay far below each of
+// them; they exist so that a forged header cannot drive allocations (per-layer tables, per-head
+// loops, scratch buffers sized from products of these) or overflow the int32 products below
+// (q_dim = n_head * head_dim <= 2^20). Every value must also be consistent with the tensor shapes.
+namespace model_limits {
+inline constexpr int64_t kMaxLayers = 4096;        // largest public models have < 200 blocks
+inline constexpr int64_t kMaxHeads = 1024;         // per-head loops and KV streams (layers * kv heads)
+inline constexpr int64_t kMaxHeadDim = 1024;       // attention scratch is sized by head_dim; real ones <= 256
+inline constexpr int64_t kMaxEmbd = int64_t{1} << 17;  // real ones <= 16384
+inline constexpr int64_t kMaxFeedForward = int64_t{1} << 20;  // scratch is max_batch_tokens * n_ff floats
+inline constexpr int64_t kMaxVocab = Tokenizer::kMaxVocab;
+// Larger contexts are clipped (with a warning), not rejected: the KV page pool sizes its page table
+// from the context (layers * kv heads * n_ctx / page_size entries, allocated up front), so a 1 MB
+// file saying context_length = 2^25 would otherwise reserve gigabytes before the first token. 2^20
+// covers every published context length.
+inline constexpr int64_t kMaxContext = int64_t{1} << 20;
+}  // namespace model_limits
+
 struct ModelConfig {
   std::string arch;          // "llama", "qwen2", "qwen3"
   std::string name;          // general.name or file name
@@ -76,7 +94,10 @@ class Model {
   Model() = default;
   static std::unique_ptr<Model> load_gguf(const std::string& path);
   static std::unique_ptr<Model> load_llama2c(const std::string& path, const std::string& tokenizer_path);
-  void validate() const;
+  // Range checks of every hyper-parameter (see model_limits), before anything is sized from them;
+  // clips n_ctx to kMaxContext with a warning on stderr.
+  void check_hparams(const std::string& where);
+  void validate() const;  // after loading: the tokenizer agrees with the model
 
   ModelConfig cfg_;
   ModelWeights w_;

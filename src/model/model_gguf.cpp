@@ -1,10 +1,13 @@
 // GGUF model loading: hyper-parameters from `<arch>.*` keys, tensors by llama.cpp's names.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <filesystem>
 
 #include "gguf/gguf.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
+#include "util/checked.h"
 
 namespace kvpack {
 namespace {
@@ -14,14 +17,24 @@ struct Loader {
   const std::string& arch;
   size_t bytes = 0;
 
-  int64_t need_int(const std::string& key) const {
+  // Integer hyper-parameters: a value that does not fit the int32 destination is an error, never
+  // truncated (key_length = 2^32 + 8 must not become 8); ranges are checked by Model::check_hparams.
+  int32_t need_int(const std::string& key) const {
     auto v = f.get_int(arch + "." + key);
     if (!v) throw ModelError(f.name() + ": missing metadata key '" + arch + "." + key + "'");
-    if (*v <= 0 || *v > (int64_t{1} << 31)) throw ModelError(f.name() + ": bad value for '" + arch + "." + key + "'");
-    return *v;
+    return checked_cast<int32_t>(*v, f.name() + ": " + arch + "." + key);
   }
-  int64_t opt_int(const std::string& key, int64_t def) const { return f.get_int(arch + "." + key).value_or(def); }
-  double opt_float(const std::string& key, double def) const { return f.get_float(arch + "." + key).value_or(def); }
+  int32_t opt_int(const std::string& key, int64_t def) const {
+    return checked_cast<int32_t>(f.get_int(arch + "." + key).value_or(def), f.name() + ": " + arch + "." + key);
+  }
+  // Float hyper-parameters: converting a double outside float's range is undefined behaviour, so such a
+  // value (or NaN) is an error here; positivity is checked by Model::check_hparams.
+  float opt_float(const std::string& key, double def) const {
+    const double v = f.get_float(arch + "." + key).value_or(def);
+    if (!(std::fabs(v) <= std::numeric_limits<float>::max()))
+      throw ModelError(f.name() + ": " + arch + "." + key + " = " + std::to_string(v) + " is not a finite float");
+    return static_cast<float>(v);
+  }
 
   // Loads a tensor and checks its shape: GGUF shape is {n_in, n_out} (or {n} for vectors).
   Weight tensor(const std::string& name, int64_t n_in, int64_t n_out, bool required = true) {
@@ -64,31 +77,30 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path) {
   c.random_weights = f.get_bool("kvpack.random_weights").value_or(false) ||
                      c.name.find("random") != std::string::npos;
   Loader L{f, c.arch};
-  c.n_embd = static_cast<int32_t>(L.need_int("embedding_length"));
-  c.n_layer = static_cast<int32_t>(L.need_int("block_count"));
-  c.n_head = static_cast<int32_t>(L.need_int("attention.head_count"));
-  c.n_head_kv = static_cast<int32_t>(L.opt_int("attention.head_count_kv", c.n_head));
-  c.n_ff = static_cast<int32_t>(L.need_int("feed_forward_length"));
-  c.n_ctx = static_cast<int32_t>(L.need_int("context_length"));
-  c.head_dim = static_cast<int32_t>(L.opt_int("attention.key_length", c.n_head > 0 ? c.n_embd / c.n_head : 0));
+  c.n_embd = L.need_int("embedding_length");
+  c.n_layer = L.need_int("block_count");
+  c.n_head = L.need_int("attention.head_count");
+  c.n_head_kv = L.opt_int("attention.head_count_kv", c.n_head);
+  c.n_ff = L.need_int("feed_forward_length");
+  c.n_ctx = L.need_int("context_length");
+  c.head_dim = L.opt_int("attention.key_length", c.n_head > 0 ? c.n_embd / c.n_head : 0);
   if (L.opt_int("attention.value_length", c.head_dim) != c.head_dim)
     throw ModelError(path + ": key_length != value_length is not supported");
-  c.rope_dims = static_cast<int32_t>(L.opt_int("rope.dimension_count", c.head_dim));
-  c.rope_theta = static_cast<float>(L.opt_float("rope.freq_base", 10000.0));
-  c.rms_eps = static_cast<float>(L.opt_float("attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_dims = L.opt_int("rope.dimension_count", c.head_dim);
+  c.rope_theta = L.opt_float("rope.freq_base", 10000.0);
+  c.rms_eps = L.opt_float("attention.layer_norm_rms_epsilon", 1e-5);
   if (auto st = f.get_string(c.arch + ".rope.scaling.type"); st && *st == "linear")
-    c.rope_freq_scale = static_cast<float>(1.0 / L.opt_float("rope.scaling.factor", 1.0));
+    c.rope_freq_scale = 1.0f / L.opt_float("rope.scaling.factor", 1.0);
   else if (st && *st != "none")
     throw ModelError(path + ": rope scaling '" + *st + "' is not supported yet");
   c.rope_neox = c.arch != "llama";  // llama.cpp: LLAMA uses normal RoPE, QWEN2/QWEN3 NeoX
   c.qk_norm = c.arch == "qwen3";
   c.qkv_bias = c.arch == "qwen2";
-  if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)
-    throw ModelError(path + ": head_count (" + std::to_string(c.n_head) + ") is not a multiple of head_count_kv (" +
-                     std::to_string(c.n_head_kv) + ")");
 
   m->tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
-  c.n_vocab = static_cast<int32_t>(L.opt_int("vocab_size", m->tok_->n_vocab()));
+  c.n_vocab = L.opt_int("vocab_size", m->tok_->n_vocab());
+  // Before anything is sized from them (w.layers, the tensor shapes below, the engine's buffers).
+  m->check_hparams(path);
 
   ModelWeights& w = m->w_;
   w.tok_embd = L.tensor("token_embd.weight", c.n_embd, c.n_vocab);

@@ -310,7 +310,7 @@ ParseResult parse_request_body(std::string_view body, bool chat, const ApiContex
   json j;
   try {
     j = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400 (found by fuzz_json_api)
     return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
   }
   return chat ? parse_chat_request(j, ctx) : parse_completion_request(j, ctx);

@@ -103,7 +103,9 @@ Tokenizer::Tokenizer(VocabData v) {
   Impl& m = *impl;
   const size_t n = v.tokens.size();
   if (n == 0) throw std::runtime_error("tokenizer: empty vocabulary");
-  if (n > static_cast<size_t>(INT32_MAX)) throw std::runtime_error("tokenizer: vocabulary too large");
+  if (n > static_cast<size_t>(kMaxVocab))
+    throw std::runtime_error("tokenizer: vocabulary of " + std::to_string(n) + " tokens is too large (at most " +
+                             std::to_string(kMaxVocab) + ")");
   if (!v.scores.empty()) {
     if (v.scores.size() < n)
       throw std::runtime_error("tokenizer: " + std::to_string(v.scores.size()) + " scores for " + std::to_string(n) +

@@ -45,6 +45,9 @@ class Tokenizer {
   // ggml token types
   static constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4,
                            kTypeUnused = 5, kTypeByte = 6;
+  // Largest vocabulary a file may declare (real ones are <= 2^18): bounds what a forged token count
+  // can make the loaders reserve.
+  static constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
   // Throws std::runtime_error on inconsistent data (size mismatches, unsupported `pre`, ...).
   explicit Tokenizer(VocabData v);

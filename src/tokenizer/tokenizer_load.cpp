@@ -141,6 +141,11 @@ Tokenizer Tokenizer::from_llama2c_bytes(std::string_view data, int32_t vocab_siz
   if (data.size() < 4) throw fail("file too short for the header (" + std::to_string(data.size()) + " bytes)");
   const int32_t max_len = read_i32("max_token_length", 0);
   if (max_len < 0) throw fail("negative max_token_length " + std::to_string(max_len));
+  // Each token takes at least 8 bytes (score + length), so a vocab size the file cannot hold is an
+  // error before anything is reserved for it.
+  if (static_cast<uint64_t>(vocab_size) > (data.size() - 4) / 8)
+    throw fail("vocab_size " + std::to_string(vocab_size) + " cannot fit in " + std::to_string(data.size() - 4) +
+               " bytes (each token needs at least 8)");
 
   VocabData v;
   v.kind = VocabData::Kind::SPM;

@@ -1,0 +1,72 @@
+// Model::load (file kind by content) and the hyper-parameter checks shared by both loaders.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "model/model.h"
+
+namespace kvpack {
+namespace {
+
+void check_range(const std::string& where, const char* field, int64_t v, int64_t max) {
+  if (v <= 0 || v > max)
+    throw ModelError(where + ": " + field + " = " + std::to_string(v) + " is out of range (must be in [1, " +
+                     std::to_string(max) + "])");
+}
+
+void check_positive_finite(const std::string& where, const char* field, double v) {
+  if (!std::isfinite(v) || v <= 0)
+    throw ModelError(where + ": " + field + " = " + std::to_string(v) + " must be a positive finite number");
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelError(path + ": cannot open model file");
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) {
+    if (!tokenizer_path.empty()) throw ModelError("--tokenizer is only for llama2.c checkpoints; GGUF files carry their vocab");
+    return load_gguf(path);
+  }
+  return load_llama2c(path, tokenizer_path);  // says "not a GGUF file ... and not a llama2.c checkpoint" if neither
+}
+
+Model::~Model() = default;
+
+void Model::check_hparams(const std::string& where) {
+  namespace lim = model_limits;
+  ModelConfig& c = cfg_;
+  check_range(where, "n_layer", c.n_layer, lim::kMaxLayers);
+  check_range(where, "n_embd", c.n_embd, lim::kMaxEmbd);
+  check_range(where, "n_head", c.n_head, lim::kMaxHeads);
+  check_range(where, "n_head_kv", c.n_head_kv, lim::kMaxHeads);
+  check_range(where, "head_dim", c.head_dim, lim::kMaxHeadDim);
+  check_range(where, "n_ff", c.n_ff, lim::kMaxFeedForward);
+  check_range(where, "n_vocab", c.n_vocab, lim::kMaxVocab);
+  check_range(where, "n_ctx", c.n_ctx, INT32_MAX);
+  if (c.n_head % c.n_head_kv != 0)
+    throw ModelError(where + ": head_count (" + std::to_string(c.n_head) + ") is not a multiple of head_count_kv (" +
+                     std::to_string(c.n_head_kv) + ")");
+  if (c.rope_dims <= 0 || c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)
+    throw ModelError(where + ": rope dimension count " + std::to_string(c.rope_dims) + " is invalid for head_dim " +
+                     std::to_string(c.head_dim));
+  check_positive_finite(where, "rope_theta", c.rope_theta);
+  check_positive_finite(where, "rope_freq_scale", c.rope_freq_scale);
+  check_positive_finite(where, "rms_eps", c.rms_eps);
+  if (c.n_ctx > lim::kMaxContext) {
+    std::cerr << "warning: " << where << ": context length " << c.n_ctx << " clipped to " << lim::kMaxContext << "\n";
+    c.n_ctx = static_cast<int32_t>(lim::kMaxContext);
+  }
+}
+
+void Model::validate() const {
+  const ModelConfig& c = cfg_;
+  if (tok_ && tok_->n_vocab() != c.n_vocab)
+    throw ModelError(c.name + ": tokenizer has " + std::to_string(tok_->n_vocab()) + " tokens but the model has " +
+                     std::to_string(c.n_vocab));
+}
+
+}  // namespace kvpack
