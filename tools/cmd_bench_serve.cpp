@@ -2,6 +2,7 @@
 // over loopback, once with full KV and once with a compressing policy, at the same --kv-pages, and
 // prints a Markdown table. Registered under `kvpack bench` by add_bench (tools/cmd_bench_kv.cpp).
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 
@@ -41,6 +42,11 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--admission", *admission, "Server admission")->check(CLI::IsMember({"reserve", "watermark"}));
   cmd->add_option("--preempt", *preempt, "Server preemption victim policy")->check(CLI::IsMember({"lru", "lfu", "priority"}));
   cmd->add_option("-o,--out", *out, "Also write the Markdown report to this file");
+  auto swap_vs_recompute = std::make_shared<bool>(false);
+  cmd->add_flag("--swap-vs-recompute", *swap_vs_recompute,
+                "Instead of full vs compressed: the policy with recompute preemption, then with swap preemption to the cold "
+                "tier (--kv-cold, default host memory of 4x the pool), at the same hot KV memory; plus a reference run with "
+                "a pool large enough for no preemption, to check every output against it");
   cmd->callback([=] {
     auto model = load_model(*o);
     const ModelConfig& c = model->config();
@@ -63,13 +69,36 @@ void add_bench_serve(CLI::App& bench) {
                 mix->chat_tokens, mix->system_words, mix->documents, mix->document_words,
                 arrivals.c_str());
     std::fflush(stdout);
+    struct RunConfig {
+      KvOptions kv;
+      std::string cold;     // cold tier spec ("" = none: recompute)
+      int64_t pages;
+      std::string label;
+    };
+    std::vector<RunConfig> configs;
+    server::bench::ReplayOptions replay_opt = *ro;
+    if (*swap_vs_recompute) {
+      replay_opt.temperature = 0;  // greedy: sampled tokens would amplify last-bit differences between batch shapes
+      const size_t page_bytes = kv::PagePool(default_pool_config(c, eo)).record_bytes();
+      const std::string cold = !o->kv_cold.empty() ? o->kv_cold : "host:" + std::to_string(4 * eo.kv_pages * static_cast<int64_t>(page_bytes));
+      const std::string name = kvo->policy == "full" ? "full" : kvo->policy + " b" + std::to_string(kvo->budget);
+      configs.push_back({*kvo, "", eo.kv_pages, name + " recompute"});
+      configs.push_back({*kvo, cold, eo.kv_pages, name + " swap (" + cold.substr(0, cold.find(':')) + ")"});
+      configs.push_back({*kvo, "", 64 * eo.kv_pages, name + " reference (64x pool)"});
+    } else {  // the baseline (no compression), then the policy
+      configs.push_back({KvOptions{}, o->kv_cold, eo.kv_pages, "full"});
+      configs.push_back({compressed, o->kv_cold, eo.kv_pages, compressed.policy + " b" + std::to_string(compressed.budget)});
+    }
     std::vector<server::bench::RunStats> runs;
-    for (const KvOptions& use : {KvOptions{}, compressed}) {  // the baseline (no compression), then the policy
-      Engine engine(*model, eo);
+    for (const RunConfig& rc : configs) {
+      EngineOptions run_eo = eo;
+      run_eo.kv_cold = rc.cold;
+      run_eo.kv_pages = rc.pages;
+      Engine engine(*model, run_eo);
       server::ServerOptions so;
       so.host = "127.0.0.1";
       so.port = 0;
-      so.default_kv = kv_config(use, engine);
+      so.default_kv = kv_config(rc.kv, engine);
       so.max_concurrent = ro->clients + 8;
       so.scheduler.max_running = *max_batch;
       so.scheduler.step_tokens = o->batch;
@@ -78,17 +107,37 @@ void add_bench_serve(CLI::App& bench) {
       so.scheduler.max_waiting = std::max(256, ro->clients * 2);
       server::Server srv(engine, so);
       const int port = srv.start();
-      std::fprintf(stderr, "[kvpack] bench serve: run %s on port %d ...\n", use.policy.c_str(), port);
-      server::bench::RunStats st = server::bench::replay("127.0.0.1", port, sessions, *ro);
+      std::fprintf(stderr, "[kvpack] bench serve: run %s on port %d ...\n", rc.label.c_str(), port);
+      server::bench::RunStats st = server::bench::replay("127.0.0.1", port, sessions, replay_opt);
       srv.stop();
-      st.label = use.policy == "full" ? "full" : use.policy + " b" + std::to_string(use.budget);
+      st.label = rc.label;
       std::fprintf(stderr, "[kvpack] bench serve: %s done in %.1f s (%d/%d sessions)\n", st.label.c_str(), st.wall_s, st.completed,
                    st.sessions);
       if (!st.first_error.empty()) std::fprintf(stderr, "[kvpack] bench serve: first failure: %s\n", st.first_error.c_str());
+      if (const char* d = std::getenv("KVPACK_BENCH_DUMP")) {  // debugging aid: every output, one file per run
+        std::ofstream f(std::string(d) + "." + std::to_string(runs.size()));
+        for (const auto& [key, text] : st.outputs) f << "### " << key << "\n" << text << "\n";
+      }
       runs.push_back(std::move(st));
     }
-    std::string table = server::bench::markdown_table(runs);
-    if (runs.size() == 2 && runs[0].peak_long_output > 0) {
+    std::string extra;
+    if (*swap_vs_recompute && runs.size() == 3) {  // every request's text against the no-pressure reference
+      const auto& ref = runs[2].outputs;
+      for (size_t r = 0; r < 2; ++r) {
+        size_t same = 0;
+        for (const auto& [key, text] : runs[r].outputs) {
+          auto it = ref.find(key);
+          same += it != ref.end() && it->second == text;
+        }
+        char line[256];
+        std::snprintf(line, sizeof line, "\noutputs identical to the reference run (%lld preemptions): %s %zu/%zu", static_cast<long long>(runs[2].preemptions),
+                      runs[r].label.c_str(), same, ref.size());
+        extra += line;
+      }
+      extra += "\n";
+    }
+    std::string table = server::bench::markdown_table(runs) + extra;
+    if (!*swap_vs_recompute && runs.size() == 2 && runs[0].peak_long_output > 0) {
       char line[256];
       std::snprintf(line, sizeof line, "\nconcurrent long-output sessions at the same KV memory: %s %d vs full %d = %.2fx\n",
                     runs[1].label.c_str(), runs[1].peak_long_output, runs[0].peak_long_output,

@@ -341,7 +341,15 @@ json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+              {"kvpack", {{"preemptions", u.preemptions},
+                          {"swap_outs", u.swap_outs},
+                          {"recomputes", u.recomputes},
+                          {"cached_tokens_cold", u.cached_tokens_cold},
+                          {"peak_kv_bytes", u.peak_kv_bytes},
+                          {"final_kv_bytes", u.final_kv_bytes},
+                          {"evicted_tokens", u.evicted_tokens},
+                          {"compactions", u.compactions}}}};
 }
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {

@@ -61,6 +61,7 @@ struct Outcome {
   double ttft = -1;
   int64_t prompt = 0, cached = 0, completion = 0;
   int retries = 0;
+  json kvpack;  // usage.kvpack: the server's per-request KV figures
 };
 
 // One streamed request; retried on 429 and on connection failures before any data arrived.
@@ -126,6 +127,7 @@ Outcome request(const std::string& host, int port, const std::string& path, json
         out.prompt = usage.value("prompt_tokens", 0);
         out.completion = usage.value("completion_tokens", 0);
         if (usage.contains("prompt_tokens_details")) out.cached = usage["prompt_tokens_details"].value("cached_tokens", 0);
+        if (usage.contains("kvpack")) out.kvpack = usage["kvpack"];
       }
       return out;
     }
@@ -238,7 +240,7 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
       bool ok = true;
       for (size_t t = 0; t < s.turns.size() && ok; ++t) {
         const Turn& turn = s.turns[t];
-        json body = {{"max_tokens", turn.max_tokens}, {"temperature", 0.8}, {"seed", static_cast<uint64_t>(i * 1000 + t)},
+        json body = {{"max_tokens", turn.max_tokens}, {"temperature", o.temperature}, {"seed", static_cast<uint64_t>(i * 1000 + t)},
                      {"ignore_eos", s.ignore_eos}};
         std::string path = "/v1/completions";
         if (s.kind == Session::Kind::Chat) {
@@ -267,6 +269,8 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
         st.cached_tokens += r.cached;
         st.completion_tokens += r.completion;
         if (r.ttft >= 0) st.ttft_s.push_back(r.ttft);
+        st.outputs[static_cast<uint64_t>(i) * 1000 + t] = r.text;
+        if (std::getenv("KVPACK_BENCH_DUMP")) std::fprintf(stderr, "[dump] %zu.%zu %s prompt=%d cached=%d completion=%d %s\n", i, t, kind_name(s.kind), r.prompt, r.cached, r.completion, r.kvpack.dump().c_str());
         if (s.kind == Session::Kind::Chat) messages.push_back({{"role", "assistant"}, {"content", r.text}});
       }
       std::lock_guard<std::mutex> lock(mu);
@@ -290,20 +294,23 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
     st.freed_pages = scrape(m, "kvpack_kv_freed_pages_total");
     st.prefix_hit_tokens = scrape(m, "kvpack_prefix_cache_hit_tokens_total");
     st.reclaim_efficiency = scrape_double(m, "kvpack_kv_reclaim_efficiency");
+    st.swap_outs = scrape(m, "kvpack_kv_swap_outs_total");
+    st.recomputes = scrape(m, "kvpack_kv_recomputes_total");
   }
   return st;
 }
 
 std::string markdown_table(const std::vector<RunStats>& runs) {
   std::string s =
-      "| run | sessions completed | peak concurrent long-output sessions | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | prefix hit rate | "
+      "| run | sessions completed | peak concurrent long-output sessions | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | swap-outs | recomputes | prefix hit rate | "
       "freed pages | reclaim eff. | requests | retries | wall s |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[512];
   for (const auto& r : runs) {
-    std::snprintf(buf, sizeof buf, "| %s | %d/%d | %d | %lld | %.1f | %.1f | %.1f | %lld | %.1f%% | %lld | %.2f | %lld | %lld | %.1f |\n",
+    std::snprintf(buf, sizeof buf, "| %s | %d/%d | %d | %lld | %.1f | %.1f | %.1f | %lld | %lld | %lld | %.1f%% | %lld | %.2f | %lld | %lld | %.1f |\n",
                   r.label.c_str(), r.completed, r.sessions, r.peak_long_output, static_cast<long long>(r.peak_running), r.output_tok_s(),
                   1e3 * r.ttft_quantile(0.5), 1e3 * r.ttft_quantile(0.99), static_cast<long long>(r.preemptions),
+                  static_cast<long long>(r.swap_outs), static_cast<long long>(r.recomputes),
                   100.0 * r.prefix_hit_rate(), static_cast<long long>(r.freed_pages), r.reclaim_efficiency,
                   static_cast<long long>(r.requests), static_cast<long long>(r.retries), r.wall_s);
     s += buf;

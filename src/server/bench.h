@@ -11,6 +11,7 @@
 // same mix everywhere.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ struct ReplayOptions {
   int32_t max_retries = 100;    // per request, on 429 / connection errors
   double retry_wait_s = 0.05;
   double timeout_s = 900;       // whole replay
+  double temperature = 0.8;     // 0: greedy (outputs comparable across runs whatever the batching)
 };
 
 struct RunStats {
@@ -63,6 +65,9 @@ struct RunStats {
   std::string first_error;     // of the first failed request (HTTP status and message)
   // From the server's /metrics after the run.
   int64_t peak_running = 0, preemptions = 0, freed_pages = 0, prefix_hit_tokens = 0;
+  int64_t swap_outs = 0, recomputes = 0;
+  // Generated text per request (key: session index * 1000 + turn), to compare runs request by request.
+  std::map<uint64_t, std::string> outputs;
   // Client side: most reasoning (long-output) sessions streaming at the same moment, each counted from
   // its first token to its last — the capacity figure the compression target is about.
   int32_t peak_long_output = 0;

@@ -87,8 +87,30 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   w.metric("counter", "kvpack_prefix_cache_blocks_hit_total", "Blocks reused.", p.blocks_hit);
   w.metric("counter", "kvpack_prefix_cache_evictions_total", "Blocks dropped from the prefix cache.", p.evictions);
   w.metric("gauge", "kvpack_prefix_cache_blocks", "Blocks held by the prefix cache.", p.cached_blocks);
+  w.by_label("kvpack_prefix_cache_hit_blocks_by_tier_total", "Prefix-cache blocks reused, by the tier they came from.", "tier",
+             {{"hot", p.blocks_hit - p.blocks_hit_cold}, {"cold", p.blocks_hit_cold}});
+  w.metric("counter", "kvpack_prefix_cache_spilled_blocks_total", "Blocks written to the cold tier when their pages were reused.",
+           p.blocks_spilled);
+  // Cold tier (swap preemption, prefix spill).
+  const auto& k = m.cold;
+  w.metric("gauge", "kvpack_kv_cold_capacity_bytes", "Cold tier capacity (0: no cold tier).", k.tier.cap_bytes);
+  w.metric("gauge", "kvpack_kv_cold_used_bytes", "Cold tier bytes in use.", k.tier.used_bytes);
+  w.metric("gauge", "kvpack_kv_cold_records", "Pages stored in the cold tier.", k.tier.records);
+  w.metric("counter", "kvpack_kv_cold_pages_written_total", "Pages written to the cold tier.", k.tier.puts - k.tier.put_failures);
+  w.metric("counter", "kvpack_kv_cold_pages_read_total", "Pages read back from the cold tier.", k.tier.hits);
+  w.metric("counter", "kvpack_kv_cold_checksum_misses_total", "Cold reads rejected by their checksum or short (treated as misses).",
+           k.tier.checksum_failures);
+  w.metric("counter", "kvpack_kv_cold_evictions_total", "Cold-tier records dropped to make room (LRU).", k.tier.evictions);
+  w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);
+  w.metric("counter", "kvpack_kv_swap_ins_total", "Swapped-out sequences brought back bit-identical.", k.swap_ins);
+  w.metric("counter", "kvpack_kv_swap_out_failures_total", "Swap-outs the cold tier could not take (recomputed instead).",
+           k.swap_out_failures);
+  w.metric("counter", "kvpack_kv_swap_in_misses_total", "Swap-ins that lost a record (recomputed instead).", k.swap_in_misses);
+  w.metric("counter", "kvpack_kv_recomputes_total", "Preemptions (or lost swaps) that recomputed the KV from text.", m.recomputes);
+  w.histogram("kvpack_kv_swap_out_seconds", "Time to write a preempted sequence's pages to the cold tier.", m.swap_out);
+  w.histogram("kvpack_kv_swap_in_seconds", "Time to bring a swapped-out sequence back.", m.swap_in);
   // Scheduling.
-  w.by_label("kvpack_preemptions_total", "Running sequences preempted (recompute) to free KV pages, by victim policy.",
+  w.by_label("kvpack_preemptions_total", "Running sequences preempted (swapped out or recomputed) to free KV pages, by victim policy.",
              "reason", {{"lru", m.preemptions_lru}, {"lfu", m.preemptions_lfu}, {"priority", m.preemptions_priority}});
   w.metric("gauge", "kvpack_requests_running", "Sequences in the running batch.", m.running);
   w.metric("gauge", "kvpack_requests_waiting", "Requests queued for admission.", m.waiting);

@@ -20,9 +20,24 @@ ApiError make_error(int status, std::string message, std::string type, std::stri
   return e;
 }
 
-Usage usage_of(const RequestEvent& ev) {
-  return Usage{ev.stats.prompt_tokens, ev.stats.completion_tokens, ev.stats.cached_tokens};
+}  // namespace
+
+Usage Server::usage_of(const RequestEvent& ev) const {
+  const RequestStats& st = ev.stats;
+  Usage u{st.prompt_tokens, st.completion_tokens, st.cached_tokens};
+  u.preemptions = st.preemptions;
+  u.swap_outs = st.swap_outs;
+  u.recomputes = st.recomputes;
+  u.cached_tokens_cold = st.cached_tokens_cold;
+  const int64_t page = static_cast<int64_t>(ctx_page_bytes_);
+  u.peak_kv_bytes = st.peak_kv_pages * page;
+  u.final_kv_bytes = st.kv_pages_in_use * page;
+  u.evicted_tokens = kv_streams_ > 0 ? st.compression.evicted_slots / kv_streams_ : 0;
+  u.compactions = st.compression.events;
+  return u;
 }
+
+namespace {
 
 }  // namespace
 
@@ -61,6 +76,8 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_.calibration = engine.calibration();
   ctx_.kv_capacity_pages = engine.kv().pool().capacity();
   ctx_.page_size = engine.kv().pool().config().page_size;
+  ctx_page_bytes_ = engine.kv().pool().page_bytes();
+  kv_streams_ = engine.kv().n_streams();
   ctx_.limits = opt_.limits;
   stats_.max_concurrent = opt_.max_concurrent;
   sched_ = std::make_unique<Scheduler>(engine, opt_.scheduler);

@@ -82,6 +82,7 @@ class Server {
   void count_disconnect();
   void abandon(StreamState& st);  // the client of a stream went away: count it, cancel the request
   void routes();
+  Usage usage_of(const RequestEvent& ev) const;  // the usage block of a finished request
 
   Engine* engine_;
   ServerOptions opt_;
@@ -90,6 +91,8 @@ class Server {
   std::unique_ptr<HttpServer> http_;
   std::thread listen_thread_;
   int port_ = 0;
+  size_t ctx_page_bytes_ = 0;
+  int64_t kv_streams_ = 0;
   int64_t created_ = 0;
   std::mutex control_mu_;  // start / stop
   bool started_ = false;
