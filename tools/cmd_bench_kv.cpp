@@ -222,6 +222,7 @@ void add_bench_kv(CLI::App& bench) {
 void add_bench_peer(CLI::App& bench);  // tools/cmd_bench_peer.cpp
 
 void add_bench_serve(CLI::App& bench);  // tools/cmd_bench_serve.cpp
+void add_bench_cold(CLI::App& bench);  // tools/cmd_bench_cold.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks (ratios measured side by side in one run)");
@@ -229,6 +230,7 @@ void add_bench(CLI::App& app) {
   add_bench_kv(*bench);
   add_bench_serve(*bench);
   add_bench_peer(*bench);
+  add_bench_cold(*bench);
 }
 
 }  // namespace kvpack::cli
