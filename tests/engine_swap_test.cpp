@@ -105,6 +105,15 @@ class SwapTest : public ::testing::Test {
     out[*id];
     return *id;
   }
+  // Every prompt with full KV (which recomputes exactly); returns each request's solo output.
+  static std::map<uint64_t, std::string> submit_all_full(Scheduler& sched, std::map<uint64_t, Outcome>& out) {
+    std::map<uint64_t, std::string> want;
+    for (const auto& p : kPrompts) {
+      Request r = request(p, 120, compress::PolicyKind::Full);
+      want[submit(sched, r, out)] = solo(r, false);
+    }
+    return want;
+  }
   static void run(Scheduler& s, const std::map<uint64_t, Outcome>& out) {
     for (int i = 0; i < 100000; ++i) {
       bool all = true;
@@ -182,13 +191,9 @@ TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {
   Engine engine(*model_, tight_engine("host:" + std::to_string(8 * 1088)));
   Scheduler sched(engine, busy_scheduler(false));
   std::map<uint64_t, Outcome> out;
-  std::map<uint64_t, std::string> want;
-  for (const auto& p : kPrompts) {
-    Request r = request(p, 120, compress::PolicyKind::Full);
-    want[submit(sched, r, out)] = solo(r, false);
-  }
+  const std::map<uint64_t, std::string> want = submit_all_full(sched, out);
   run(sched, out);
-  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want[id]);
+  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want.at(id));
   const auto m = sched.metrics();
   EXPECT_GT(m.cold.swap_out_failures, 0);
   EXPECT_GT(m.recomputes, 0);
@@ -200,11 +205,7 @@ TEST_F(SwapTest, ACorruptedColdFileIsAMissAndARecomputeNeverWrongTokens) {
   Engine engine(*model_, tight_engine("dir:" + dir.path + ":64M"));
   Scheduler sched(engine, busy_scheduler(false));
   std::map<uint64_t, Outcome> out;
-  std::map<uint64_t, std::string> want;
-  for (const auto& p : kPrompts) {
-    Request r = request(p, 120, compress::PolicyKind::Full);
-    want[submit(sched, r, out)] = solo(r, false);
-  }
+  const std::map<uint64_t, std::string> want = submit_all_full(sched, out);
   auto* tier = dynamic_cast<kv::FileColdTier*>(engine.kv().cold_tier());
   ASSERT_NE(tier, nullptr);
   bool corrupted = false;
@@ -226,7 +227,7 @@ TEST_F(SwapTest, ACorruptedColdFileIsAMissAndARecomputeNeverWrongTokens) {
     }
   }
   ASSERT_TRUE(corrupted);
-  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want[id]);
+  for (const auto& [id, o] : out) EXPECT_EQ(o.text, want.at(id));
   const auto m = sched.metrics();
   EXPECT_GT(m.cold.swap_in_misses, 0);
   EXPECT_GT(m.cold.tier.checksum_failures, 0u);

@@ -94,16 +94,7 @@ double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compr
   std::vector<float> logits(static_cast<size_t>(V));
   int32_t tok = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
   const double t0 = now_s();
-  for (int32_t i = 0; i < n_tokens; ++i) {
-    BatchItem item;
-    item.kv = &seq;
-    item.tokens = std::span<const int32_t>(&tok, 1);
-    item.logits = logits.data();
-    if (comp) comp->prepare(seq, item);
-    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
-    if (comp) comp->after_forward(seq, false);
-    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+  for (int32_t i = 0; i < n_tokens; ++i) tok = engine.runner().decode_greedy(seq, tok, logits.data(), comp);
   return n_tokens / (now_s() - t0);
 }
 

@@ -86,14 +86,7 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
   std::vector<double> steps;
   for (int32_t i = 0; i < warmup + n; ++i) {
     const double t0 = now_s();
-    BatchItem item;
-    item.kv = &seq;
-    item.tokens = std::span<const int32_t>(&tok, 1);
-    item.logits = logits.data();
-    if (comp) comp->prepare(seq, item);
-    if (!engine.runner().forward().run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
-    if (comp) comp->after_forward(seq, false);
-    tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    tok = engine.runner().decode_greedy(seq, tok, logits.data(), comp);
     const double dt = now_s() - t0;
     if (i >= warmup) steps.push_back(dt);
   }

@@ -41,6 +41,18 @@ std::span<float> ModelRunner::execute(const StepPlan& plan) {
   return std::span<float>(logits_.data(), static_cast<size_t>(plan.n_logits) * V);
 }
 
+int32_t ModelRunner::decode_greedy(kv::SequenceKv& kv, int32_t token, float* logits, compress::SequenceCompressor* comp) {
+  BatchItem item;
+  item.kv = &kv;
+  item.tokens = std::span<const int32_t>(&token, 1);
+  item.logits = logits;
+  if (comp) comp->prepare(kv, item);
+  if (!forward_.run(std::span<BatchItem>(&item, 1), comp)) throw std::runtime_error("KV pool exhausted");
+  if (comp) comp->after_forward(kv, false);
+  const int32_t V = model_->config().n_vocab;
+  return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+}
+
 int64_t ModelRunner::prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
                              compress::SequenceCompressor* comp) {
   int64_t peak = kv.pages_held();

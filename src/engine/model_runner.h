@@ -32,6 +32,10 @@ class ModelRunner {
   int64_t prefill(kv::SequenceKv& kv, std::span<const int32_t> tokens, float* logits,
                   compress::SequenceCompressor* comp = nullptr);
 
+  // One decode step of one sequence (benchmarks): `token` in, logits of the next position into `logits`
+  // (n_vocab floats), compression after it when the schedule says so; returns the greedy next token.
+  int32_t decode_greedy(kv::SequenceKv& kv, int32_t token, float* logits, compress::SequenceCompressor* comp = nullptr);
+
   Forward& forward() { return forward_; }
   int32_t max_batch_tokens() const { return forward_.max_batch_tokens(); }
   ThreadPool& threads() { return *threads_; }
