@@ -100,7 +100,8 @@ void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float*
       for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 8 * u);
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
-        const __m256 x = _mm256_loadu_ps(xs[t] + i + 8 * u);
+        __m256 x = _mm256_loadu_ps(xs[t] + i + 8 * u);
+        asm("" : "+x"(x));  // one load per activation vector, not one per row (see matmul_avx512.cpp)
 #pragma GCC unroll 4
         for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm256_fmadd_ps(w[k], x, acc[u][k * T + t]);
       }
@@ -243,7 +244,8 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
 #pragma GCC unroll 4
   for (int j = 0; j < R * T; ++j) {
     __m256 s = acc[0][j];
-    if (U > 1) s = _mm256_add_ps(s, acc[U - 1][j]);
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][j]);
     out[j] = hsum(s);
   }
 }

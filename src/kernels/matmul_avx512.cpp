@@ -144,7 +144,10 @@ void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float*
       for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 16 * u);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        const __m512 x = _mm512_loadu_ps(xs[t] + i + 16 * u);
+        __m512 x = _mm512_loadu_ps(xs[t] + i + 16 * u);
+        // One load per activation vector, not one per row: without this GCC folds the load into each of
+        // the R FMAs under register pressure (2x slower prefill, load-port bound).
+        asm("" : "+v"(x));
 #pragma GCC unroll 8
         for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm512_fmadd_ps(w[k], x, acc[u][k * T + t]);
       }
