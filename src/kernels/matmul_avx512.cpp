@@ -118,9 +118,10 @@ inline void store_sums(const __m512* v, float* out) {
 //
 // F kinds: kUnrollF independent accumulators per output, vectors i = u (mod kUnrollF) go to accumulator
 // u, leftover full vectors and the masked tail to accumulator 0, then acc0 + acc1 + ... and store_sums.
-// 2 keeps the GEMV (1 x 1 tile, 2 FMA chains: ~60 GB/s of F16 weights per core from L2) well above DRAM
-// speed; 4 would only help in-cache GEMV and would cap the cached tile at 1 x 4 (the old 4 x 4 tile of
-// 16 accumulators needs 32 at unroll 2, hence 3 x 4 = 24 accumulators + 3 weights + 1 activation).
+// 2 keeps the GEMV (1 x 1 tile, 2 FMA chains: ~60 GB/s of F16 weights per core at 3.7 GHz) well above
+// DRAM speed; 4 would only help in-cache GEMV and would cap the cached tile at 1 x 4 (the old 4 x 4 tile of
+// 16 accumulators needs 32 at unroll 2, hence 3 x 4 = 24 accumulators + 3 weights + 1 activation;
+// measured 10-20% slower 64-token prefill than the old 4 x 4 at unroll 1, 2 x 4 was 1.6-1.8x slower).
 constexpr int kUnrollF = 2;
 constexpr int kRowsCachedF = 3;
 static_assert(kUnrollF * kRowsCachedF * kTileF + kRowsCachedF + 1 <= 32, "F micro-tile exceeds 32 zmm");
@@ -235,9 +236,9 @@ inline __m256 dw_one(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_ss(load_u1
 
 // kUnroll: accumulators per output (block pair b goes to accumulator (b / 2) mod kUnroll, a leftover pair
 // to accumulator 0, the odd last block, on ymm, after the combine). Fixed per weight type for batch
-// invariance (see the top of the file). Q8_0: 1 chain (one FMA per 68 weight bytes, ~60 GB/s per core)
-// already outruns DRAM, and it keeps the 4 x 4 cached tile. Q4_0 packs the same work into 36 bytes, so
-// one chain would be near DRAM speed: 2 chains, and a 2 x 4 cached tile.
+// invariance (see the top of the file). 1 chain: one FMA per 68 (Q8_0) / 36 (Q4_0) weight bytes, ~60 /
+// ~33 GB/s per core at 3.7 GHz, above the ~19-21 GB/s a core streams from DRAM here (Zen 4), and it keeps
+// the 4 x 4 cached tile (2 chains would need a 2 x 4 tile: measured ~8-27% slower 64-token Q4_0 prefill).
 struct WQ8 {
   static constexpr int kBytes = 34;
   static constexpr int kUnroll = 1;
@@ -255,7 +256,7 @@ struct WQ8 {
 
 struct WQ4 {
   static constexpr int kBytes = 18;
-  static constexpr int kUnroll = 2;
+  static constexpr int kUnroll = 1;
   static __m512i pair(const uint8_t* p) {
     // [qs0 | qs1] -> [qs0, qs0, qs1, qs1] -> shift the 2nd and 4th 128-bit lanes right by 4 -> & 0x0f:
     // elements 0-15, 16-31 of block 0, then of block 1.
@@ -353,7 +354,8 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
 // are < 2^24, so, as for Q8_0, only the float multiplies and the accumulation round.
 
 // kUnroll: accumulators per output; the mins go to the last one, sub-block pair p to p mod kUnroll. One
-// chain would serialise 5 FMAs per 144-byte super-block (~25 GB/s per core, not above DRAM): 2 chains.
+// chain would serialise 5 FMAs per 144-byte super-block (~27 GB/s per core at 3.7 GHz, within 1.3x of the
+// ~21 GB/s DRAM stream): 2 chains, and a 2 x 4 cached tile (64-token prefill measured on par with 4 x 4).
 struct WQ4K {
   static constexpr int kUnroll = 2;
 };
