@@ -126,8 +126,9 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   }
 
   // Tasks are (block of rows) x (chunk of tokens). The split depends only on the shape, never on the
-  // pool size, and every output element is computed by exactly one kernel call, so results are bitwise
-  // identical for any thread count. A row block is small enough (<= 256 KB of weights) to stay in L2
+  // pool size, and every output element is computed by exactly one kernel call; the kernels' per-output
+  // arithmetic does not depend on the rows / tokens around it (batch invariance, see matmul.h), so the
+  // split affects speed only and results are bitwise identical for any thread count and batch. A row block is small enough (<= 256 KB of weights) to stay in L2
   // while the kernel walks its token tiles, and there are enough blocks (~32 for GEMV-sized matrices)
   // for dynamic load balancing over the pool.
   const size_t total_bytes = base.row_bytes * static_cast<size_t>(n_out);

@@ -8,8 +8,14 @@
 // read each weight row once per group of tokens, not once per token.
 // Dispatch: the best path this CPU supports (AVX-512 / AVX2 / portable) is chosen once at start-up;
 // KVPACK_ISA=scalar|avx2|avx512 forces one (see kernels/cpu_features.h).
-// Thread-safety: pure function; parallelises over output rows with `pool` (may be nullptr). The split
-// into tasks depends only on the shape, so the result is bitwise identical for any pool size.
+// Thread-safety: pure function; parallelises over output rows with `pool` (may be nullptr).
+// Batch invariance (every path): y[t][o] is a fixed function of W row o, x row t, n_in and wtype, bitwise:
+// the same whether token t is computed alone (n_tokens = 1), in any batch of other tokens, at any position
+// in it, and on any pool size. Each ISA path accumulates a dot product with one fixed schedule per weight
+// type (number of partial sums, which vectors/blocks feed which, tail, combine and horizontal-sum order),
+// whatever register micro-tile or thread computes it. This is what lets a serving engine batch unrelated
+// requests (prefill chunks, batched decode) without changing any request's greedy output. Results do
+// differ between ISA paths (scalar / AVX2 / AVX-512), within the tolerances documented in the tests.
 // Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_K (block layouts in kernels/quant.h).
 #pragma once
 #include <cstdint>

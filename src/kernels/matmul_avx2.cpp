@@ -1,7 +1,13 @@
 // AVX2 kernels (AVX2 + FMA + F16C). Built with -mavx2 -mfma -mf16c; only reached when
 // cpu_supports(Isa::Avx2). Follows the ODR rules in matmul_internal.h. Same structure as the AVX-512
 // file (token tiles over L2-resident row blocks, R rows x T tokens register micro-tiles), with 8-wide
-// vectors and a 4-token tile (16 ymm).
+// vectors and 16 ymm registers.
+//
+// Batch invariance (as in matmul_avx512.cpp): the number of partial accumulators per output and the
+// order they are filled and combined (kUnroll* below) are fixed per weight family, never chosen from the
+// micro-tile shape, so each y[t][o] is bitwise the same whatever n_tokens, tile, remainder row or thread
+// computes it: a request's greedy tokens cannot change with the other requests batched beside it. The
+// tile shapes are capped instead so that the accumulators and operands fit 16 ymm (static_asserts).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -12,7 +18,10 @@
 namespace kvpack::kernels::detail {
 namespace {
 
+// Tokens of the first (streaming, R = 1) tile of every kind and of the later F tiles / the Q tiles.
 constexpr int kTile = 4;
+constexpr int kTileCachedF = 3;
+constexpr int kTileQ = 3;
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline uint16_t load_u16(const uint8_t* p) {
@@ -63,12 +72,20 @@ struct LdBF16 {
 // Rows per kernel call: the first token tile streams the rows from DRAM strictly sequentially (R = 1;
 // interleaved rows defeat the prefetchers, see matmul_avx512.cpp); later tiles find them in L2 and use
 // R = 2 rows per activation load.
+//
+// F kinds: kUnrollF accumulators per output: vector i goes to accumulator i mod kUnrollF, leftover full
+// vectors and the partial tail to accumulator 0, then acc0 + acc1 and hsum. 2 chains keep the GEMV near
+// DRAM speed; the cached tile is then 2 rows x 3 tokens (12 accumulators + 2 weights + 1 activation).
 constexpr int kRowsCached = 2;
+constexpr int kUnrollF = 2;
+static_assert(kUnrollF * kRowsCached * kTileCachedF + kRowsCached + 1 <= 16, "F micro-tile exceeds 16 ymm");
+static_assert(kUnrollF * kTile + 2 <= 16, "F streaming tile exceeds 16 ymm");
 
 // out[k * T + t] = dot(rows[k], xs[t]) for k < R, t < T.
 template <class Ld, int R, int T>
 void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float* out) {
-  constexpr int U = R * T <= 2 ? 4 : R * T <= 4 ? 2 : 1;  // unroll: ~8 independent FMA chains (2 FMA ports)
+  constexpr int U = kUnrollF;  // never a function of R, T (batch invariance, see the top of the file)
+  static_assert(U * R * T + R + 1 <= 16, "F micro-tile exceeds 16 ymm");
   __m256 acc[U][R * T];
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
@@ -83,7 +100,8 @@ void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float*
       for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 8 * u);
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
-        const __m256 x = _mm256_loadu_ps(xs[t] + i + 8 * u);
+        __m256 x = _mm256_loadu_ps(xs[t] + i + 8 * u);
+        asm("" : "+x"(x));  // one load per activation vector, not one per row (see matmul_avx512.cpp)
 #pragma GCC unroll 4
         for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm256_fmadd_ps(w[k], x, acc[u][k * T + t]);
       }
@@ -129,20 +147,29 @@ void rows_tile_f(const RowsArgs& a, const float* const* xs, float* y) {
   }
 }
 
-using TileF = void (*)(const RowsArgs&, const float* const*, float*);
+// rows_tile_f<Ld, R, nt> for a runtime nt in [1, T] (compile-time dispatch without std templates).
+template <class Ld, int R, int T>
+void tile_f(int nt, const RowsArgs& a, const float* const* xs, float* y) {
+  if constexpr (T > 1) {
+    if (nt < T) return tile_f<Ld, R, T - 1>(nt, a, xs, y);
+  }
+  rows_tile_f<Ld, R, T>(a, xs, y);
+}
 
 template <class Ld>
 void rows_f(const RowsArgs& a) {
-  static constexpr TileF kStream[kTile] = {rows_tile_f<Ld, 1, 1>, rows_tile_f<Ld, 1, 2>, rows_tile_f<Ld, 1, 3>,
-                                           rows_tile_f<Ld, 1, 4>};
-  static constexpr TileF kCached[kTile] = {rows_tile_f<Ld, kRowsCached, 1>, rows_tile_f<Ld, kRowsCached, 2>,
-                                           rows_tile_f<Ld, kRowsCached, 3>, rows_tile_f<Ld, kRowsCached, 4>};
-  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
-    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
-    const float* xs[kTile];
+  const float* xs[kTile];
+  auto set_xs = [&](int64_t t0, int nt) {
     for (int t = 0; t < nt; ++t)
       xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
-    (t0 == 0 ? kStream : kCached)[nt - 1](a, xs, a.y + t0 * a.y_stride);
+  };
+  const int n0 = static_cast<int>(imin(kTile, a.n_tokens));
+  set_xs(0, n0);
+  tile_f<Ld, 1, kTile>(n0, a, xs, a.y);
+  for (int64_t t0 = n0; t0 < a.n_tokens; t0 += kTileCachedF) {
+    const int nt = static_cast<int>(imin(kTileCachedF, a.n_tokens - t0));
+    set_xs(t0, nt);
+    tile_f<Ld, kRowsCached, kTileCachedF>(nt, a, xs, a.y + t0 * a.y_stride);
   }
 }
 
@@ -167,10 +194,17 @@ struct WQ4 {
   }
 };
 
+// Q kinds (Q8_0, Q4_0, Q4_K): kUnrollQ accumulators per output, fixed (batch invariance). Q8_0 / Q4_0:
+// block b goes to accumulator b mod 2, a leftover block to accumulator 0. Q4_K: the mins and the low-nibble
+// sub-blocks to accumulator 0, the high-nibble ones to accumulator 1. Two chains keep the GEMV (one FMA
+// per 18-34 weight bytes and chain otherwise) near DRAM speed; the token tile is then 3 (6 accumulators).
+constexpr int kUnrollQ = 2;
+
 // out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
 template <class Wq, int R, int T>
 void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = R * T <= 2 ? 2 : 1;  // alternate blocks between two accumulator sets when few chains
+  constexpr int U = kUnrollQ;  // never a function of R, T
+  static_assert(U * R * T + 3 * R + 5 <= 16, "Q micro-tile exceeds 16 ymm");
   __m256 acc[U][R * T];
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
@@ -210,7 +244,8 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
 #pragma GCC unroll 4
   for (int j = 0; j < R * T; ++j) {
     __m256 s = acc[0][j];
-    if (U > 1) s = _mm256_add_ps(s, acc[U - 1][j]);
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, acc[u][j]);
     out[j] = hsum(s);
   }
 }
@@ -249,7 +284,9 @@ inline void q4k_scales(const uint8_t* blk, __m256* scf, __m256* mnf) {
 // out[t] = dot(row, token t), t < T; one sequential pass over the row, each nibble unpack shared by T tokens.
 template <int T>
 void dot_q4k(const uint8_t* row, int64_t nsb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = T <= 2 ? 2 : 1;
+  constexpr int U = kUnrollQ;  // never a function of T
+  static_assert(U == 2, "the sub-block -> accumulator assignment below assumes 2 accumulators");
+  static_assert(U * T + 9 <= 16, "Q4_K micro-tile exceeds 16 ymm");
   __m256 acc[U][T];
 #pragma GCC unroll 4
   for (int u = 0; u < U; ++u)
@@ -264,31 +301,31 @@ void dot_q4k(const uint8_t* row, int64_t nsb, const uint8_t* const* acts, const 
     for (int t = 0; t < T; ++t)
       acc[0][t] = _mm256_fnmadd_ps(mnf, _mm256_load_ps(reinterpret_cast<const float*>(acts[t] + L.sum_off) + sb * 8),
                                    acc[0][t]);
-    // (d sc_j) d_x,j for the 8 sub-blocks and each token: one multiply per super-block and token.
-    __m256 C[T];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t)
-      C[t] = _mm256_mul_ps(scf, _mm256_load_ps(reinterpret_cast<const float*>(acts[t] + L.dc_off) + sb * 8));
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
       const __m256i w0 = _mm256_and_si256(q, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-      const __m256i i0 = _mm256_set1_epi32(2 * p), i1 = _mm256_set1_epi32(2 * p + 1);
+      // d sc_j of the pair's two sub-blocks, broadcast; x (d_x of the block, replicated 8x in ActLayout::d8)
+      // per token. (No per-token copy of the 8 scales: that would need T more registers.)
+      const __m256 ws0 = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * p));
+      const __m256 ws1 = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * p + 1));
       const int64_t b0 = sb * 8 + 2 * p;
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
         const uint8_t* act = acts[t];
         const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32));
         const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32 + 32));
+        const __m256 d0 = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off) + b0 * 8);
+        const __m256 d1 = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off) + b0 * 8 + 8);
         const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), ones);
         const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), ones);
-        acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_permutevar8x32_ps(C[t], i0), acc[0][t]);
-        acc[U - 1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_permutevar8x32_ps(C[t], i1), acc[U - 1][t]);
+        acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(ws0, d0), acc[0][t]);
+        acc[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(ws1, d1), acc[1][t]);
       }
     }
   }
 #pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) out[t] = hsum(U > 1 ? _mm256_add_ps(acc[0][t], acc[U - 1][t]) : acc[0][t]);
+  for (int t = 0; t < T; ++t) out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
 // One row at a time (sequential weight stream); T tokens share each weight load.
@@ -306,17 +343,22 @@ void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
   }
 }
 
-using TileQ = void (*)(const RowsArgs&, const uint8_t* const*, float*);
+// rows_tile_q<Wq, nt> for a runtime nt in [1, T].
+template <class Wq, int T>
+void tile_q(int nt, const RowsArgs& a, const uint8_t* const* acts, float* y) {
+  if constexpr (T > 1) {
+    if (nt < T) return tile_q<Wq, T - 1>(nt, a, acts, y);
+  }
+  rows_tile_q<Wq, T>(a, acts, y);
+}
 
 template <class Wq>
 void rows_q(const RowsArgs& a) {
-  static constexpr TileQ kTileFn[kTile] = {rows_tile_q<Wq, 1>, rows_tile_q<Wq, 2>, rows_tile_q<Wq, 3>,
-                                           rows_tile_q<Wq, 4>};
-  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTile) {
-    const int nt = static_cast<int>(imin(kTile, a.n_tokens - t0));
-    const uint8_t* acts[kTile];
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTileQ) {
+    const int nt = static_cast<int>(imin(kTileQ, a.n_tokens - t0));
+    const uint8_t* acts[kTileQ];
     for (int t = 0; t < nt; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_stride;
-    kTileFn[nt - 1](a, acts, a.y + t0 * a.y_stride);
+    tile_q<Wq, kTileQ>(nt, a, acts, a.y + t0 * a.y_stride);
   }
 }
 

@@ -5,9 +5,18 @@
 // Structure: a rows kernel walks its token chunk in tiles of up to kTileF / kTile tokens; for each tile
 // it streams the task's weight rows (<= 256 KB) through a register micro-tile of R rows x T tokens, so
 // each weight vector is loaded and widened once per tile. The first tile reads the rows from DRAM one
-// at a time (R = 1: one sequential stream, see kRowsCached); later tiles find them in L2 and use R = 4 so
-// each activation load feeds 4 rows. GEMV (n_tokens == 1) is the 1 x 1 micro-tile with 2-4 independent
-// accumulators, which keeps up with DRAM with a wide margin (~50 GB/s per core from L2).
+// at a time (R = 1: one sequential stream, see kRowsCachedF); later tiles find them in L2 and use R > 1 so
+// each activation load feeds several rows. GEMV (n_tokens == 1) is the 1 x 1 micro-tile.
+//
+// Batch invariance: every micro-tile shape computes each of its dot products with the same instruction
+// sequence: the same number of partial accumulators per output (kUnroll* below, fixed per weight family),
+// the same assignment of vectors / blocks to them, the same tail handling and the same combine and
+// horizontal-sum order. So y[t][o] depends only on W row o, x row t, n_in and the weight type, never on
+// n_tokens, on the tile (shape or position: streaming R = 1 vs cached R > 1, remainder rows) or on the
+// thread split: a token gives bitwise the same logits whether it is decoded alone or batched with other
+// requests (greedy outputs of a serving engine must not depend on what else is in flight). The price is
+// that the unroll cannot grow for small tiles (GEMV) or shrink for big ones; the tile shapes are capped so
+// that unroll x R x T accumulators plus the operands fit the 32 zmm registers (static_asserts below).
 //
 // GCC 12's AVX-512 intrinsic headers trip -W(maybe-)uninitialized on their internal _mm512_undefined_*
 // temporaries (GCC bug 105593, fixed in 13); the pragma must precede the include to cover them.
@@ -25,13 +34,15 @@
 namespace kvpack::kernels::detail {
 namespace {
 
-// Tokens per pass over the weights. F kinds: up to 4 rows x 4 tokens (16 accumulators) per micro-tile, so
-// each activation load feeds 4 FMAs and a 4-token activation tile (16 KB at n_in = 1024) stays in L1.
+// Tokens per pass over the weights. F kinds: 1 x 4 streaming tiles, then kRowsCachedF x 4 (see dot_f for
+// why not 4 x 4 any more) so each activation load feeds several FMAs and a 4-token activation tile (16 KB
+// at n_in = 1024) stays in L1.
 // Q kinds: the first tile is 1 row x 8 tokens (one DRAM stream; each weight pair is unpacked once per
-// 8 tokens), later tiles 4 rows x 4 tokens like the F kinds (measured +20% over 1 x 8, and over 2 x 4,
-// 3 x 4, 4 x 2 and 2 x 8, on a 64-token Q8_0 prefill at 1024 x 3072).
+// 8 tokens), later tiles kCachedRowsQ rows x 4 tokens (4 x 4 measured +20% over 1 x 8, and over 2 x 4,
+// 3 x 4, 4 x 2 and 2 x 8, on a 64-token Q8_0 prefill at 1024 x 3072, where the unroll allows it).
 constexpr int kTileF = 4;
 constexpr int kTile = 8;
+constexpr int kTileCachedQ = 4;
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline uint16_t load_u16(const uint8_t* p) {
@@ -83,27 +94,43 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// out[i] = horizontal sum of v[i], i < N.
+// out[i] = horizontal sum of v[i], i < N. Always the reduce4 summation order (lane i of reduce4 depends
+// only on its i-th argument), also for the N % 4 leftovers and N = 1, so a dot product's horizontal sum is
+// the same in every micro-tile shape (_mm512_reduce_add_ps adds in another order).
 template <int N>
 inline void store_sums(const __m512* v, float* out) {
-  int i = 0;
 #pragma GCC unroll 8
-  for (; i + 4 <= N; i += 4) _mm_storeu_ps(out + i, reduce4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+  for (int i = 0; i + 4 <= N; i += 4) _mm_storeu_ps(out + i, reduce4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+  constexpr int B = N / 4 * 4, L = N - B;
+  if constexpr (L > 0) {
+    float s[4];
+    _mm_storeu_ps(s, reduce4(v[B], v[L > 1 ? B + 1 : B], v[L > 2 ? B + 2 : B], v[B]));
 #pragma GCC unroll 4
-  for (; i < N; ++i) out[i] = _mm512_reduce_add_ps(v[i]);
+    for (int j = 0; j < L; ++j) out[B + j] = s[j];
+  }
 }
 
 // Rows per kernel call. The first pass over a task's rows streams them from DRAM and must read memory
 // strictly sequentially: interleaving R rows (R short streams, 1-6 KB each) defeats the hardware
 // prefetchers and measured 2.5-3x slower from DRAM on Zen 4 (e.g. Q8_0 GEMV 30 -> 10 GB/s), so the
 // first token tile (and so every GEMV) uses R = 1. Later tiles of the same task find the rows in L2;
-// there R = 4 rows share each activation load (+20% prefill throughput for F kinds).
-constexpr int kRowsCached = 4;
+// there R > 1 rows share each activation load (+20% prefill throughput for F kinds at R = 4).
+//
+// F kinds: kUnrollF independent accumulators per output, vectors i = u (mod kUnrollF) go to accumulator
+// u, leftover full vectors and the masked tail to accumulator 0, then acc0 + acc1 + ... and store_sums.
+// 2 keeps the GEMV (1 x 1 tile, 2 FMA chains: ~60 GB/s of F16 weights per core at 3.7 GHz) well above
+// DRAM speed; 4 would only help in-cache GEMV and would cap the cached tile at 1 x 4 (the old 4 x 4 tile of
+// 16 accumulators needs 32 at unroll 2, hence 3 x 4 = 24 accumulators + 3 weights + 1 activation;
+// measured 10-20% slower 64-token prefill than the old 4 x 4 at unroll 1, 2 x 4 was 1.6-1.8x slower).
+constexpr int kUnrollF = 2;
+constexpr int kRowsCachedF = 3;
+static_assert(kUnrollF * kRowsCachedF * kTileF + kRowsCachedF + 1 <= 32, "F micro-tile exceeds 32 zmm");
 
 // out[k * T + t] = dot(rows[k], xs[t]) for k < R, t < T.
 template <class Ld, int R, int T>
 void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float* out) {
-  constexpr int U = R * T >= 8 ? 1 : R * T >= 3 ? 2 : 4;  // unroll: >= 4 independent FMA chains (<= 16 acc)
+  constexpr int U = kUnrollF;  // never a function of R, T: see "Batch invariance" at the top
+  static_assert(U * R * T + R + 1 <= 32, "F micro-tile exceeds 32 zmm");
   __m512 acc[U][R * T];
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
@@ -118,7 +145,10 @@ void dot_f(const uint8_t* const* rows, int64_t n, const float* const* xs, float*
       for (int k = 0; k < R; ++k) w[k] = Ld::full(rows[k], i + 16 * u);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        const __m512 x = _mm512_loadu_ps(xs[t] + i + 16 * u);
+        __m512 x = _mm512_loadu_ps(xs[t] + i + 16 * u);
+        // One load per activation vector, not one per row: without this GCC folds the load into each of
+        // the R FMAs under register pressure (2x slower prefill, load-port bound).
+        asm("" : "+v"(x));
 #pragma GCC unroll 8
         for (int k = 0; k < R; ++k) acc[u][k * T + t] = _mm512_fmadd_ps(w[k], x, acc[u][k * T + t]);
       }
@@ -163,21 +193,26 @@ void rows_tile_f(const RowsArgs& a, const float* const* xs, float* y) {
   }
 }
 
-using TileF = void (*)(const RowsArgs&, const float* const*, float*);
+// rows_tile_f<Ld, R, nt> for a runtime nt in [1, T] (compile-time dispatch without std templates).
+template <class Ld, int R, int T>
+void tile_f(int nt, const RowsArgs& a, const float* const* xs, float* y) {
+  if constexpr (T > 1) {
+    if (nt < T) return tile_f<Ld, R, T - 1>(nt, a, xs, y);
+  }
+  rows_tile_f<Ld, R, T>(a, xs, y);
+}
 
 template <class Ld>
 void rows_f(const RowsArgs& a) {
-  static constexpr TileF kStream[kTileF] = {rows_tile_f<Ld, 1, 1>, rows_tile_f<Ld, 1, 2>, rows_tile_f<Ld, 1, 3>,
-                                            rows_tile_f<Ld, 1, 4>};
-  static constexpr TileF kCached[kTileF] = {
-      rows_tile_f<Ld, kRowsCached, 1>, rows_tile_f<Ld, kRowsCached, 2>, rows_tile_f<Ld, kRowsCached, 3>,
-      rows_tile_f<Ld, kRowsCached, 4>};
   for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kTileF) {
     const int nt = static_cast<int>(imin(kTileF, a.n_tokens - t0));
     const float* xs[kTileF];
     for (int t = 0; t < nt; ++t)
       xs[t] = reinterpret_cast<const float*>(static_cast<const char*>(a.x) + (t0 + t) * a.x_stride);
-    (t0 == 0 ? kStream : kCached)[nt - 1](a, xs, a.y + t0 * a.y_stride);
+    if (t0 == 0)
+      tile_f<Ld, 1, kTileF>(nt, a, xs, a.y);
+    else
+      tile_f<Ld, kRowsCachedF, kTileF>(nt, a, xs, a.y + t0 * a.y_stride);
   }
 }
 
@@ -199,8 +234,14 @@ inline __m512 dw_pair(const uint8_t* p0, const uint8_t* p1) {
 }
 inline __m256 dw_one(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_ss(load_u16(p))); }
 
+// kUnroll: accumulators per output (block pair b goes to accumulator (b / 2) mod kUnroll, a leftover pair
+// to accumulator 0, the odd last block, on ymm, after the combine). Fixed per weight type for batch
+// invariance (see the top of the file). 1 chain: one FMA per 68 (Q8_0) / 36 (Q4_0) weight bytes, ~60 /
+// ~33 GB/s per core at 3.7 GHz, above the ~19-21 GB/s a core streams from DRAM here (Zen 4), and it keeps
+// the 4 x 4 cached tile (2 chains would need a 2 x 4 tile: measured ~8-27% slower 64-token Q4_0 prefill).
 struct WQ8 {
   static constexpr int kBytes = 34;
+  static constexpr int kUnroll = 1;
   static __m512i pair(const uint8_t* p) {
     const __m512i w = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
@@ -215,6 +256,7 @@ struct WQ8 {
 
 struct WQ4 {
   static constexpr int kBytes = 18;
+  static constexpr int kUnroll = 1;
   static __m512i pair(const uint8_t* p) {
     // [qs0 | qs1] -> [qs0, qs0, qs1, qs1] -> shift the 2nd and 4th 128-bit lanes right by 4 -> & 0x0f:
     // elements 0-15, 16-31 of block 0, then of block 1.
@@ -236,7 +278,8 @@ struct WQ4 {
 // out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
 template <class Wq, int R, int T>
 void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = R * T == 1 ? 2 : 1;  // GEMV: alternate block pairs between two accumulators
+  constexpr int U = Wq::kUnroll;  // never a function of R, T: see "Batch invariance" at the top
+  static_assert(U * R * T + 2 * R + 5 <= 32, "Q micro-tile exceeds 32 zmm");
   __m512 accs[U][R * T];
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
@@ -310,7 +353,12 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
 // sub-blocks with one FNMA per super-block. d sc_j and dmin m_j are exact in f32; the int32 lanes
 // are < 2^24, so, as for Q8_0, only the float multiplies and the accumulation round.
 
-struct WQ4K {};
+// kUnroll: accumulators per output; the mins go to the last one, sub-block pair p to p mod kUnroll. One
+// chain would serialise 5 FMAs per 144-byte super-block (~27 GB/s per core at 3.7 GHz, within 1.3x of the
+// ~21 GB/s DRAM stream): 2 chains, and a 2 x 4 cached tile (64-token prefill measured on par with 4 x 4).
+struct WQ4K {
+  static constexpr int kUnroll = 2;
+};
 template <class Wq>
 constexpr bool kIsQ4K = false;
 template <>
@@ -342,7 +390,8 @@ inline __m512 q4k_scales(const uint8_t* blk) {
 // out[k * T + t] = dot(rows[k], token t) for k < R, t < T; nb = number of 32-element blocks.
 template <int R, int T>
 void dot_q4k(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = R * T == 1 ? 2 : 1;  // GEMV: alternate sub-block pairs between two accumulators
+  constexpr int U = WQ4K::kUnroll;  // never a function of R, T: see "Batch invariance" at the top
+  static_assert(R == 1 ? U * T + T + 5 <= 32 : U * R * T + 3 * R + 4 <= 32, "Q4_K micro-tile exceeds 32 zmm");
   __m512 acc[U][R * T];
 #pragma GCC unroll 8
   for (int u = 0; u < U; ++u)
@@ -438,19 +487,25 @@ void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
   }
 }
 
-// Later tiles (rows already in L2): kRowsCached rows x T <= 4 tokens per micro-tile (16 accumulators),
-// so each activation load (quants, scale, bias) feeds 4 rows instead of 1: the R = 1 tile issues 3
-// activation loads per 4 arithmetic instructions and is load-bound. Remainder rows one at a time.
+// Rows of the cached micro-tile: 4 where the unroll leaves room (16 accumulators), else 2.
+template <class Wq>
+constexpr int kCachedRowsQ = Wq::kUnroll == 1 ? 4 : 2;
+
+// Later tiles (rows already in L2): kCachedRowsQ rows x T <= kTileCachedQ tokens per micro-tile, so each
+// activation load (quants, scale, bias) feeds several rows instead of 1: the R = 1 tile issues 3
+// activation loads per 4 arithmetic instructions and is load-bound. Remainder rows one at a time (same
+// arithmetic per output, see "Batch invariance").
 template <class Wq, int T>
 void rows_tile_q_cached(const RowsArgs& a, const uint8_t* const* acts, float* y) {
+  constexpr int R = kCachedRowsQ<Wq>;
   const int64_t nb = a.n_in / kQBlock;
   int64_t r = a.r0;
-  for (; r + kRowsCached <= a.r1; r += kRowsCached) {
-    const uint8_t* rows[kRowsCached];
-    for (int k = 0; k < kRowsCached; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
-    float out[kRowsCached * T];
-    dot_any<Wq, kRowsCached, T>(rows, nb, acts, a.act, out);
-    for (int k = 0; k < kRowsCached; ++k)
+  for (; r + R <= a.r1; r += R) {
+    const uint8_t* rows[R];
+    for (int k = 0; k < R; ++k) rows[k] = a.W + (r + k) * a.row_bytes;
+    float out[R * T];
+    dot_any<Wq, R, T>(rows, nb, acts, a.act, out);
+    for (int k = 0; k < R; ++k)
       for (int t = 0; t < T; ++t) y[t * a.y_stride + r + k] = out[k * T + t];
   }
   for (; r < a.r1; ++r) {
@@ -461,24 +516,29 @@ void rows_tile_q_cached(const RowsArgs& a, const uint8_t* const* acts, float* y)
   }
 }
 
-using TileQ = void (*)(const RowsArgs&, const uint8_t* const*, float*);
+// rows_tile_q<Wq, nt> / rows_tile_q_cached<Wq, nt> for a runtime nt in [1, T].
+template <class Wq, bool kCached, int T>
+void tile_q(int nt, const RowsArgs& a, const uint8_t* const* acts, float* y) {
+  if constexpr (T > 1) {
+    if (nt < T) return tile_q<Wq, kCached, T - 1>(nt, a, acts, y);
+  }
+  if constexpr (kCached)
+    rows_tile_q_cached<Wq, T>(a, acts, y);
+  else
+    rows_tile_q<Wq, T>(a, acts, y);
+}
 
 template <class Wq>
 void rows_q(const RowsArgs& a) {
-  static constexpr TileQ kStreamQ[kTile] = {rows_tile_q<Wq, 1>, rows_tile_q<Wq, 2>, rows_tile_q<Wq, 3>,
-                                            rows_tile_q<Wq, 4>, rows_tile_q<Wq, 5>, rows_tile_q<Wq, 6>,
-                                            rows_tile_q<Wq, 7>, rows_tile_q<Wq, 8>};
-  static constexpr TileQ kCachedQ[kTileF] = {rows_tile_q_cached<Wq, 1>, rows_tile_q_cached<Wq, 2>,
-                                             rows_tile_q_cached<Wq, 3>, rows_tile_q_cached<Wq, 4>};
   const uint8_t* acts[kTile];
   // First tile: up to kTile tokens, streaming the rows from DRAM one at a time.
   const int n0 = static_cast<int>(imin(kTile, a.n_tokens));
   for (int t = 0; t < n0; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + t * a.x_stride;
-  kStreamQ[n0 - 1](a, acts, a.y);
-  for (int64_t t0 = n0; t0 < a.n_tokens; t0 += kTileF) {
-    const int nt = static_cast<int>(imin(kTileF, a.n_tokens - t0));
+  tile_q<Wq, false, kTile>(n0, a, acts, a.y);
+  for (int64_t t0 = n0; t0 < a.n_tokens; t0 += kTileCachedQ) {
+    const int nt = static_cast<int>(imin(kTileCachedQ, a.n_tokens - t0));
     for (int t = 0; t < nt; ++t) acts[t] = static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_stride;
-    kCachedQ[nt - 1](a, acts, a.y + t0 * a.y_stride);
+    tile_q<Wq, true, kTileCachedQ>(nt, a, acts, a.y + t0 * a.y_stride);
   }
 }
 
