@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
+#include "compress/calibration.h"
 #include "server/api.h"
 
 using namespace kvpack;
@@ -26,7 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ctx.model = &model;
   const ChatFormat formats[] = {ChatFormat::Plain, ChatFormat::ChatML, ChatFormat::Llama3, ChatFormat::Gemma};
   ctx.chat_format = formats[(data[0] >> 1) & 3];
-  ctx.has_calibration = data[0] & 8;
+  // validate() only asks whether statistics exist: an empty set stands for "the server was calibrated".
+  static const compress::QueryStats stats{};
+  ctx.calibration = (data[0] & 8) ? &stats : nullptr;
   ctx.kv_capacity_pages = 64;
   const bool chat = data[0] & 1;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);

@@ -2,7 +2,6 @@
 // over loopback, once with full KV and once with a compressing policy, at the same --kv-pages, and
 // prints a Markdown table. Registered under `kvpack bench` by add_bench (tools/cmd_bench_kv.cpp).
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 
@@ -114,10 +113,6 @@ void add_bench_serve(CLI::App& bench) {
       std::fprintf(stderr, "[kvpack] bench serve: %s done in %.1f s (%d/%d sessions)\n", st.label.c_str(), st.wall_s, st.completed,
                    st.sessions);
       if (!st.first_error.empty()) std::fprintf(stderr, "[kvpack] bench serve: first failure: %s\n", st.first_error.c_str());
-      if (const char* d = std::getenv("KVPACK_BENCH_DUMP")) {  // debugging aid: every output, one file per run
-        std::ofstream f(std::string(d) + "." + std::to_string(runs.size()));
-        for (const auto& [key, text] : st.outputs) f << "### " << key << "\n" << text << "\n";
-      }
       runs.push_back(std::move(st));
     }
     std::string extra;

@@ -270,7 +270,6 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
         st.completion_tokens += r.completion;
         if (r.ttft >= 0) st.ttft_s.push_back(r.ttft);
         st.outputs[static_cast<uint64_t>(i) * 1000 + t] = r.text;
-        if (std::getenv("KVPACK_BENCH_DUMP")) std::fprintf(stderr, "[dump] %zu.%zu %s prompt=%d cached=%d completion=%d %s\n", i, t, kind_name(s.kind), r.prompt, r.cached, r.completion, r.kvpack.dump().c_str());
         if (s.kind == Session::Kind::Chat) messages.push_back({{"role", "assistant"}, {"content", r.text}});
       }
       std::lock_guard<std::mutex> lock(mu);
