@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the small seed corpora in fuzz/corpus/<target>/ (a few KB each): minimal valid files built
-here, the first bytes of the shared reference files, and a few texts. Re-run it to regenerate them;
+here and a few texts (nothing copied from ../shared). Re-run it to regenerate them;
 crash regressions live next to them as crash-*/regress-* files and are kept.
 
 usage: fuzz/make_corpus.py SHARED_DIR"""
@@ -18,11 +18,6 @@ def put(target, name, data):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, name), "wb") as f:
         f.write(data if isinstance(data, bytes) else data.encode())
-
-
-def head(rel, n):
-    with open(os.path.join(shared, rel), "rb") as f:
-        return f.read(n)
 
 
 # --- GGUF ---------------------------------------------------------------------------------------
@@ -74,7 +69,6 @@ put("fuzz_gguf_reader", "tensors.gguf",
     gguf([gkv("general.alignment", 4, struct.pack("<I", 64)), gkv("x.f", 6, struct.pack("<f", 1.5)),
           gkv("x.u64", 10, struct.pack("<Q", 1 << 40)), gkv("x.b", 7, b"\x01")],
          [("w", [4, 2], 0, struct.pack("<8f", *range(8))), ("q", [32], 8, b"\0" * 34)], align=64))
-put("fuzz_gguf_reader", "stories_head.gguf", head("models/stories260K.gguf", 1024))
 
 # --- llama2.c checkpoints -----------------------------------------------------------------------
 def checkpoint(dim, ff, layers, heads, kv_heads, vocab, seq, v1=False, shared_cls=True):
@@ -93,7 +87,6 @@ def checkpoint(dim, ff, layers, heads, kv_heads, vocab, seq, v1=False, shared_cl
 put("fuzz_llama2c_checkpoint", "v0_tiny.bin", checkpoint(8, 8, 1, 2, 1, 4, 4))
 put("fuzz_llama2c_checkpoint", "v0_unshared.bin", checkpoint(4, 4, 1, 1, 1, 3, 2, shared_cls=False))
 put("fuzz_llama2c_checkpoint", "v1_tiny.bin", checkpoint(8, 4, 1, 2, 2, 4, 4, v1=True))
-put("fuzz_llama2c_checkpoint", "stories_header.bin", head("models/stories260K.bin", 28))
 put("fuzz_llama2c_checkpoint", "gguf_magic.bin", b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
 
 # --- llama2.c tokenizer (2-byte vocab size the model would ask for, then the file) ---------------
@@ -106,7 +99,6 @@ def tokenizer_bin(pieces):
 
 pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % b for b in (0x41, 0xC3, 0xA9)] + [b" ", b"O", b"n", b"ce", b" Once", b"\xc3\xa9"]
 put("fuzz_llama2c_tokenizer", "tiny.bin", struct.pack("<H", len(pieces)) + tokenizer_bin(pieces))
-put("fuzz_llama2c_tokenizer", "tok512_head.bin", struct.pack("<H", 40) + head("models/tok512.bin", 600))
 
 # --- texts ---------------------------------------------------------------------------------------
 texts = ["Hello world", " leading space and  double", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001F600",
