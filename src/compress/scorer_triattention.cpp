@@ -84,7 +84,7 @@ class TriAttentionScorer final : public Scorer {
  private:
   void score_stream(const ScoringInputs& in, int32_t layer, int32_t h, std::vector<std::vector<float>>& scores) const {
     const QueryStats& qs = *in.calibration;
-    const int32_t F = qs.n_bands, G = mc_.group();
+    const int32_t G = mc_.group();
     const int32_t s = in.kv.stream_index(layer, h);
     const int32_t n = in.kv.n_slots(s);
     TriBandWeights w(qs, layer, h, G, mc_.rope_neox, C_, S_);
