@@ -7,17 +7,15 @@
 namespace kvpack::compress::scorer_detail {
 namespace {
 
-class H2OScorer final : public Scorer {
+class H2OScorer final : public StreamwiseScorer {
  public:
   ScorerNeeds needs() const override { return {0, true, false}; }
-  void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
-    for (int32_t s = 0; s < in.kv.n_streams(); ++s) {
-      const size_t n = static_cast<size_t>(in.kv.n_slots(s));
-      const std::span<const float> m = in.key_mass ? in.key_mass->stream(s) : std::span<const float>{};
-      auto& out = scores[static_cast<size_t>(s)];
-      out.assign(n, 0.0f);  // no forward prepared yet: no mass anywhere
-      std::copy_n(m.begin(), std::min(n, m.size()), out.begin());
-    }
+
+ protected:
+  void score_stream(const ScoringInputs& in, int32_t s, std::span<float> out) override {
+    const std::span<const float> m = in.key_mass ? in.key_mass->stream(s) : std::span<const float>{};
+    std::fill(out.begin(), out.end(), 0.0f);  // no forward prepared yet: no mass anywhere
+    std::copy_n(m.begin(), std::min(out.size(), m.size()), out.begin());
   }
 };
 

@@ -5,15 +5,13 @@
 namespace kvpack::compress::scorer_detail {
 namespace {
 
-class KNormScorer final : public Scorer {
+class KNormScorer final : public StreamwiseScorer {
  public:
   ScorerNeeds needs() const override { return {}; }
-  void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
-    for (int32_t s = 0; s < in.kv.n_streams(); ++s) {
-      auto& out = scores[static_cast<size_t>(s)];
-      out.resize(static_cast<size_t>(in.kv.n_slots(s)));
-      kernels::key_neg_norms(in.kv.view(s), out.data());
-    }
+
+ protected:
+  void score_stream(const ScoringInputs& in, int32_t s, std::span<float> out) override {
+    kernels::key_neg_norms(in.kv.view(s), out.data());
   }
 };
 

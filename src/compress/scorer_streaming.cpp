@@ -5,15 +5,13 @@
 namespace kvpack::compress::scorer_detail {
 namespace {
 
-class StreamingScorer final : public Scorer {
+class StreamingScorer final : public StreamwiseScorer {
  public:
   ScorerNeeds needs() const override { return {}; }
-  void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
-    for (int32_t s = 0; s < in.kv.n_streams(); ++s) {
-      auto& out = scores[static_cast<size_t>(s)];
-      out.resize(static_cast<size_t>(in.kv.n_slots(s)));
-      for (size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(j);  // most recent first
-    }
+
+ protected:
+  void score_stream(const ScoringInputs&, int32_t, std::span<float> out) override {
+    for (size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(j);  // most recent first
   }
 };
 
