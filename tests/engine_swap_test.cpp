@@ -154,7 +154,7 @@ TEST_F(SwapTest, SwapPreemptionGivesTheSoloOutputForEveryPolicy) {
   TempDir dir;
   using P = compress::PolicyKind;
   for (P pol : {P::Full, P::Streaming, P::KNorm, P::TriAttention, P::SnapKV, P::RKV, P::TOVA, P::H2O}) {
-    for (const std::string cold : {std::string("host:64M"), "dir:" + dir.path + ":64M"}) {
+    for (const std::string& cold : {std::string("host:64M"), "dir:" + dir.path + ":64M"}) {
       Engine engine(*model_, tight_engine(cold));
       engine.set_calibration(*calib_);
       Scheduler sched(engine, busy_scheduler(true));
@@ -307,8 +307,12 @@ TEST_F(SwapTest, RandomSchedulesKeepInvariantsAndSoloOutputs) {
     for (const auto& [id, o] : out) {
       EXPECT_NE(o.finish, FinishReason::Error) << what;
       // Equal to the solo run whenever the KV was never recomputed (or is recomputed exactly: full KV).
-      if (o.stats.recomputes == 0 || pol == P::Full) EXPECT_EQ(o.text, solo_cache[key_of[id]]) << what;
-      if (!cold.empty()) EXPECT_EQ(o.stats.recomputes, 0) << what;
+      if (o.stats.recomputes == 0 || pol == P::Full) {
+        EXPECT_EQ(o.text, solo_cache[key_of[id]]) << what;
+      }
+      if (!cold.empty()) {
+        EXPECT_EQ(o.stats.recomputes, 0) << what;
+      }
       swaps += o.stats.swap_outs;
       recomputes += o.stats.recomputes;
       hits += o.stats.cached_tokens > 0;

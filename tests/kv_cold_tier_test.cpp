@@ -39,8 +39,12 @@ constexpr size_t kFileSlotBytes = sizeof(FileColdTier::SlotHeader) + kRecordByte
 // Both backends, built for a cap of exactly `records` records.
 class ColdTierContract : public ::testing::TestWithParam<std::string> {
  protected:
+  // "host" and "dir" with their defaults; "host-threads" splits batches over 3 threads and "dir-1reader"
+  // reads with the caller alone (the batched paths with and without parallel parts).
   std::unique_ptr<ColdTier> make(int64_t records, size_t record_bytes = kRecordBytes, FileTierOptions opts = {}) {
     if (GetParam() == "host") return std::make_unique<HostColdTier>(records * record_bytes, record_bytes);
+    if (GetParam() == "host-threads") return std::make_unique<HostColdTier>(records * record_bytes, record_bytes, 3);
+    if (GetParam() == "dir-1reader") opts.read_threads = 1;
     return std::make_unique<FileColdTier>(dir_.path() + "/tier", records * (sizeof(FileColdTier::SlotHeader) + record_bytes),
                                           record_bytes, opts);
   }
@@ -67,7 +71,7 @@ TEST_P(ColdTierContract, RoundTripOfManyRecordsIsBitExact) {
   EXPECT_EQ(st.evictions, 0u);
   EXPECT_EQ(st.bytes_written, 500u * kRecordBytes);
   EXPECT_EQ(st.bytes_read, 500u * kRecordBytes);
-  EXPECT_STREQ(tier->kind(), GetParam().c_str());
+  EXPECT_STREQ(tier->kind(), GetParam().starts_with("host") ? "host" : "dir");
   EXPECT_EQ(tier->record_bytes(), kRecordBytes);
 }
 
@@ -228,7 +232,15 @@ TEST_P(ColdTierContract, ConcurrentUseNeverReturnsWrongBytes) {
           }
         } else if (what == 8) {
           const uint64_t k = own_key();
-          tier->erase(k);
+          if (rng() % 2 == 0) {
+            tier->erase(k);
+          } else {  // take: a hit must be the bytes last put, and the key is gone afterwards
+            uint8_t* ptr = out.data();
+            bool hit = false;
+            tier->take_many({&k, 1}, {&ptr, 1}, {&hit, 1});
+            if (hit && (!last.contains(k) || out != make_record(k, last[k], kBytes))) fail("take_many: wrong bytes");
+            if (tier->contains(k)) fail("take_many left the record");
+          }
           last.erase(k);
         } else {
           const uint64_t k = own_key();
@@ -252,8 +264,76 @@ TEST_P(ColdTierContract, ConcurrentUseNeverReturnsWrongBytes) {
   EXPECT_LE(st.records, 48u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ColdTierContract, ::testing::Values("host", "dir"),
-                         [](const auto& info) { return info.param; });
+// put_many / take_many of a batch large enough to be cut into parallel parts (a swap of ~300 pages).
+TEST_P(ColdTierContract, BatchesRoundTripAndTakeManyErasesWhatItReturns) {
+  constexpr size_t kBatch = 300;
+  auto tier = make(400);
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<uint8_t>> records;
+  for (uint64_t k = 0; k < kBatch; ++k) {
+    keys.push_back(k * 31 + 5);
+    records.push_back(make_record(keys.back(), 9, kRecordBytes));
+  }
+  std::vector<const uint8_t*> data;
+  for (const auto& r : records) data.push_back(r.data());
+  std::unique_ptr<bool[]> ok(new bool[kBatch + 2]);
+  tier->put_many(keys, data, {ok.get(), kBatch});
+  for (size_t i = 0; i < kBatch; ++i) ASSERT_TRUE(ok[i]) << i;
+  tier->flush();
+  // Take all but the first ten, plus an absent key and (at the end) a duplicate of a taken one.
+  std::vector<uint64_t> take(keys.begin() + 10, keys.end());
+  take.push_back(999999);
+  take.push_back(keys[20]);
+  std::vector<std::vector<uint8_t>> out(take.size(), std::vector<uint8_t>(kRecordBytes));
+  std::vector<uint8_t*> ptrs;
+  for (auto& o : out) ptrs.push_back(o.data());
+  tier->take_many(take, ptrs, {ok.get(), take.size()});
+  for (size_t i = 0; i + 2 < take.size(); ++i) {
+    ASSERT_TRUE(ok[i]) << i;
+    EXPECT_EQ(out[i], records[i + 10]) << i;
+    EXPECT_FALSE(tier->contains(take[i])) << i;
+  }
+  EXPECT_FALSE(ok[take.size() - 2]);                                        // absent
+  if (ok[take.size() - 1]) EXPECT_EQ(out.back(), records[20]);               // a duplicate: right bytes or a miss
+  for (size_t i = 0; i < 10; ++i) EXPECT_TRUE(get_equals(*tier, keys[i], records[i])) << i;  // untouched
+  const ColdTierStats st = tier->stats();
+  EXPECT_EQ(st.records, 10u);
+  EXPECT_EQ(st.checksum_failures, 0u);
+  EXPECT_EQ(st.hits + st.misses, st.gets);
+}
+
+// A batch larger than the cap: the tier keeps at most the cap, every record it still has holds the bytes
+// last put under its key (a key given twice keeps its newer record), and LRU keeps the newest records.
+TEST_P(ColdTierContract, PutManyBeyondTheCapKeepsTheNewestWithTheirOwnBytes) {
+  auto tier = make(10);
+  std::vector<uint64_t> keys;
+  std::vector<std::vector<uint8_t>> records;
+  for (uint64_t k = 0; k < 25; ++k) {
+    keys.push_back(k + 100);
+    records.push_back(make_record(k + 100, 1, kRecordBytes));
+  }
+  keys.push_back(124);  // 124 again, newer bytes
+  records.push_back(make_record(124, 2, kRecordBytes));
+  std::vector<const uint8_t*> data;
+  for (const auto& r : records) data.push_back(r.data());
+  bool ok[26];
+  tier->put_many(keys, data, ok);
+  tier->flush();
+  EXPECT_LE(tier->stats().records, 10u);
+  for (size_t i = 0; i + 1 < 25; ++i) {
+    if (tier->contains(keys[i])) EXPECT_TRUE(get_equals(*tier, keys[i], records[i])) << i;
+  }
+  EXPECT_TRUE(ok[25]);
+  EXPECT_TRUE(get_equals(*tier, 124, records[25]));
+  for (uint64_t k = 115; k < 124; ++k) EXPECT_TRUE(tier->contains(k)) << k;  // the nine newest besides 124
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ColdTierContract, ::testing::Values("host", "host-threads", "dir", "dir-1reader"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(HostColdTier, MemoryGrowsWithRecordsAndStaysWithinTheCap) {
   constexpr size_t kCapRecords = 1500;  // more than one 4 MiB slab of 8 KiB records

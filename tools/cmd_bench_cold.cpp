@@ -170,7 +170,8 @@ void add_bench_cold(CLI::App& bench) {
     host_eo.kv_cold = "host:" + std::to_string(cap);
     Engine host_engine(*model, host_eo);
     const SwapResult host = swap_cycle(host_engine, *tokens, *repeats, nullptr);
-    const double memcpy_gbps = kv::measure_memcpy_gbps(host.bytes);
+    const int io_threads = host_engine.runner().threads().size();
+    const double memcpy_gbps = kv::measure_memcpy_gbps(host.bytes, io_threads);
 
     EngineOptions dir_eo = eo;
     dir_eo.kv_cold = "dir:" + path + ":" + std::to_string(cap);
@@ -186,9 +187,9 @@ void add_bench_cold(CLI::App& bench) {
     }
     std::printf("| swap of %.1f MiB | swap-out GB/s | swap-in GB/s | reference GB/s | swap-in / reference | bit-identical |\n"
                 "|---|---:|---:|---:|---:|---|\n"
-                "| host memory | %.2f | %.2f | %.2f (memcpy) | %.0f%% | %s |\n"
+                "| host memory | %.2f | %.2f | %.2f (memcpy, %d threads) | %.0f%% | %s |\n"
                 "| file tier (page cache dropped) | %.2f | %.2f | %.2f (sequential read, %.0f%% cached) | %.0f%% | %s |\n\n",
-                static_cast<double>(host.bytes) / (1 << 20), host.out_gbps, host.in_gbps, memcpy_gbps, 100 * host.in_gbps / memcpy_gbps,
+                static_cast<double>(host.bytes) / (1 << 20), host.out_gbps, host.in_gbps, memcpy_gbps, io_threads, 100 * host.in_gbps / memcpy_gbps,
                 host.identical ? "yes" : "NO", file.out_gbps, file.in_gbps, disk_gbps, 100 * disk_resident,
                 100 * file.in_gbps / disk_gbps, file.identical ? "yes" : "NO");
     std::fflush(stdout);

@@ -22,7 +22,7 @@ Engine::Engine(const Model& model, const EngineOptions& opt)
       threads_(opt.threads),
       kv_(default_pool_config(model.config(), opt), model.config().n_layer, model.config().n_head_kv),
       runner_(model, threads_, opt.max_batch_tokens) {
-  if (!opt.kv_cold.empty()) kv_.set_cold_tier(kv::make_cold_tier(opt.kv_cold, kv_.pool().record_bytes()));
+  if (!opt.kv_cold.empty()) kv_.set_cold_tier(kv::make_cold_tier(opt.kv_cold, kv_.pool().record_bytes(), threads_.size()));
 }
 
 GenerateResult Engine::generate(const Request& req, const std::function<bool(std::string_view)>& on_text) {

@@ -6,6 +6,7 @@
 // everything between "dir:" and the last ':' (so it may itself hold ':').
 #include "kv/cold_tier.h"
 
+#include <algorithm>
 #include <cctype>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +26,11 @@ void ColdTier::put_many(std::span<const uint64_t> keys, std::span<const uint8_t*
 void ColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
   cold::check_batch(keys.size(), out.size(), ok.size(), "get_many");
   for (size_t i = 0; i < keys.size(); ++i) ok[i] = get(keys[i], {out[i], record_bytes()});
+}
+
+void ColdTier::take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
+  get_many(keys, out, ok);
+  for (uint64_t k : keys) erase(k);
 }
 
 namespace {
@@ -56,7 +62,7 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
 
 }  // namespace
 
-std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_bytes) {
+std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_bytes, int io_threads) {
   const auto fail = [&](std::string_view why) {
     throw std::invalid_argument("--kv-cold '" + spec + "' : " + std::string(why));
   };
@@ -79,7 +85,7 @@ std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_
   const std::string_view s = spec;
   if (s.starts_with("host:")) {
     const uint64_t bytes = bytes_of(s.substr(5));
-    return build([&] { return std::make_unique<HostColdTier>(bytes, record_bytes); });
+    return build([&] { return std::make_unique<HostColdTier>(bytes, record_bytes, io_threads); });
   }
   if (s.starts_with("dir:")) {
     const std::string_view rest = s.substr(4);
@@ -87,7 +93,9 @@ std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_
     if (colon == std::string_view::npos || colon == 0) fail("expected dir:PATH:BYTES");
     const uint64_t bytes = bytes_of(rest.substr(colon + 1));
     const std::string dir(rest.substr(0, colon));
-    return build([&] { return std::make_unique<FileColdTier>(dir, bytes, record_bytes); });
+    FileTierOptions options;
+    options.read_threads = std::max(options.read_threads, io_threads);
+    return build([&] { return std::make_unique<FileColdTier>(dir, bytes, record_bytes, options); });
   }
   fail("expected host:BYTES or dir:PATH:BYTES");
   return nullptr;

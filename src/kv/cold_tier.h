@@ -64,6 +64,9 @@ class ColdTier {
   // consecutive keys written together are read back with few system calls.
   virtual void put_many(std::span<const uint64_t> keys, std::span<const uint8_t* const> data, std::span<bool> ok);
   virtual void get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok);
+  // get_many, then erase of the records it returned (a swap-in: the pages are hot again, the tier copy is
+  // dead weight). Backends do it in one pass over the index; records it missed are erased too.
+  virtual void take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok);
   // Waits until staged writes are durable in the backend (tests, shutdown).
   virtual void flush() {}
 
@@ -71,9 +74,10 @@ class ColdTier {
 };
 
 // Parses a spec ("host:BYTES" or "dir:PATH:BYTES"; BYTES accepts K/M/G/T/KiB/MiB/GiB/TiB suffixes, all
-// powers of 1024, and plain bytes) and makes the tier for records of `record_bytes`. Throws
+// powers of 1024, and plain bytes) and makes the tier for records of `record_bytes`. `io_threads`: the
+// threads a batched copy may use (the engine's thread count); a file tier reads with at least 4. Throws
 // std::invalid_argument with a message naming the spec — also when the cap holds no record or PATH cannot
 // be used. Backends: kv/cold_tier_host.h, kv/cold_tier_file.h (layout, start-up, writer, I/O figures).
-std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_bytes);
+std::unique_ptr<ColdTier> make_cold_tier(const std::string& spec, size_t record_bytes, int io_threads = 1);
 
 }  // namespace kvpack::kv

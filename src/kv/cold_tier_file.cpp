@@ -69,7 +69,7 @@ cold::UniqueFd open_data_file(const std::string& dir, const std::string& path, u
 
 FileColdTier::FileColdTier(const std::string& dir, uint64_t cap_bytes, size_t record_bytes, FileTierOptions options)
     : IndexedTier(record_bytes, cold::slots_within(cap_bytes, record_bytes, sizeof(SlotHeader) + record_bytes),
-                  cap_bytes),
+                  cap_bytes, options.read_threads),
       slot_bytes_(sizeof(SlotHeader) + record_bytes),
       generation_(fresh_generation()),
       path_((std::filesystem::path(dir) / kDataFileName).string()),
@@ -273,6 +273,15 @@ bool FileColdTier::get(uint64_t key, std::span<uint8_t> out) {
 
 void FileColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
   cold::check_batch(keys.size(), out.size(), ok.size(), "get_many");
+  read_many(keys, out, ok, false);
+}
+
+void FileColdTier::take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
+  cold::check_batch(keys.size(), out.size(), ok.size(), "take_many");
+  read_many(keys, out, ok, true);
+}
+
+void FileColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take) {
   std::vector<PendingRead> reads;
   {
     std::lock_guard lock(mu_);
@@ -284,7 +293,11 @@ void FileColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* c
         ++stats_.misses;
       } else if (const int e = staged_entry_[static_cast<size_t>(s)]; e >= 0) {
         std::memcpy(out[i], stage_buffer(e) + sizeof(SlotHeader), record_bytes_);  // not in the file yet
-        index_.touch(s);
+        if (take) {
+          forget(s);
+        } else {
+          index_.touch(s);
+        }
         ok[i] = true;
         ++stats_.hits;
         ++io_.stage_hits;
@@ -296,13 +309,24 @@ void FileColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* c
   }
   if (reads.empty()) return;
   std::sort(reads.begin(), reads.end(), [](const PendingRead& a, const PendingRead& b) { return a.slot < b.slot; });
-  read_runs(reads, out);
+  const size_t per_task = std::max<size_t>(1, (size_t{1} << 20) / slot_bytes_);
+  const int tasks = tasks_for(reads.size(), per_task);
+  const size_t n = reads.size();
+  for_each_task(tasks, [&](int task) {
+    const size_t begin = n * static_cast<size_t>(task) / static_cast<size_t>(tasks);
+    const size_t end = n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks);
+    read_runs(std::span<PendingRead>(reads).subspan(begin, end - begin), out);
+  });
 
   std::lock_guard lock(mu_);
   for (const PendingRead& r : reads) {
     const Slot now = index_.find(r.key);
     if (r.outcome == PendingRead::kHit) {
-      if (now == r.slot) index_.touch(r.slot);
+      if (take && now != kNoSlot) {
+        forget(now);
+      } else if (now == r.slot) {
+        index_.touch(r.slot);
+      }
       ok[r.index] = true;
       ++stats_.hits;
       stats_.bytes_read += record_bytes_;
@@ -310,7 +334,10 @@ void FileColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* c
     }
     ++stats_.misses;
     const bool unchanged = now == r.slot && version_[static_cast<size_t>(r.slot)] == r.version;
-    if (!unchanged) continue;  // the slot was reassigned while we read it: a race, not damage
+    if (!unchanged) {  // the slot was reassigned while we read it: a race, not damage
+      if (take && now != kNoSlot) forget(now);
+      continue;
+    }
     ++stats_.checksum_failures;
     log_once(r.outcome == PendingRead::kShort ? "short read" : "checksum mismatch", r.slot);
     index_.release(r.slot);
@@ -362,12 +389,14 @@ void FileColdTier::log_once(const char* what, Slot s) {
   logged_bad_read_ = true;
 }
 
-void FileColdTier::erase(uint64_t key) {
-  std::lock_guard lock(mu_);
-  const Slot s = index_.find(key);
-  if (s == kNoSlot) return;
+void FileColdTier::forget(Slot s) {
   supersede_staged(s);
   index_.release(s);
+}
+
+void FileColdTier::erase(uint64_t key) {
+  std::lock_guard lock(mu_);
+  if (const Slot s = index_.find(key); s != kNoSlot) forget(s);
 }
 
 FileTierIoStats FileColdTier::io_stats() const {

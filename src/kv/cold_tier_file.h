@@ -25,7 +25,10 @@
 // in the file (pwrite done, no fsync: the file is discarded at the next start anyway).
 //
 // Reads: get_many() sorts the records to read by slot and reads each run of consecutive slots with one
-// preadv (headers into a scratch buffer, records straight into the caller's buffers). A record whose
+// preadv (headers into a scratch buffer, records straight into the caller's buffers); a large batch is cut
+// into parts of about 1 MiB read by `read_threads` threads at once, so the device always has requests
+// queued while a finished part is being verified (one reader alone leaves it idle during each checksum
+// and system call). A record whose
 // header or checksum does not match, or which a short read cut off, is a miss: checksum_failures++, the
 // record is dropped, and the first one prints a line to stderr. A read that raced with the slot being
 // reassigned (eviction, replacement by another thread) is a plain miss, not a checksum failure. On a
@@ -57,6 +60,7 @@ namespace kvpack::kv {
 struct FileTierOptions {
   size_t staging_bytes = size_t{16} << 20;  // the stage's size; at least 2 slots are staged whatever it says
   size_t max_write_batch = 256;             // records the writer takes per round (IOV_MAX caps one call)
+  int read_threads = 4;                     // a get_many's reads in flight at once (the caller included)
 };
 
 // System-call level figures of a file tier (tests check coalescing with them).
@@ -95,6 +99,7 @@ class FileColdTier final : public cold::IndexedTier {
   void erase(uint64_t key) override;
   void put_many(std::span<const uint64_t> keys, std::span<const uint8_t* const> data, std::span<bool> ok) override;
   void get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) override;
+  void take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) override;
   void flush() override;
 
   const std::string& data_path() const { return path_; }
@@ -116,6 +121,8 @@ class FileColdTier final : public cold::IndexedTier {
   struct PendingRead;
 
   cold::Slot put_one(uint64_t key, const uint8_t* data, cold::Slot preferred);
+  void read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take);
+  void forget(cold::Slot s);  // under mu_: the record in `s` is gone (a queued write of it is cancelled)
   uint8_t* stage_buffer(int entry) { return stage_.get() + static_cast<size_t>(entry) * slot_bytes_; }
   void supersede_staged(cold::Slot s);  // a queued, not yet written record of `s` is no longer wanted
   void release_entry(int entry);

@@ -7,6 +7,11 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "util/thread_pool.h"
 
 namespace kvpack::kv {
 
@@ -19,8 +24,8 @@ constexpr size_t kSlabTargetBytes = size_t{4} << 20;
 
 }  // namespace
 
-HostColdTier::HostColdTier(uint64_t cap_bytes, size_t record_bytes)
-    : IndexedTier(record_bytes, cold::slots_within(cap_bytes, record_bytes, record_bytes), cap_bytes),
+HostColdTier::HostColdTier(uint64_t cap_bytes, size_t record_bytes, int io_threads)
+    : IndexedTier(record_bytes, cold::slots_within(cap_bytes, record_bytes, record_bytes), cap_bytes, io_threads),
       slots_per_slab_(std::max<size_t>(1, kSlabTargetBytes / record_bytes)) {}
 
 uint8_t* HostColdTier::record_at(Slot s) {
@@ -38,10 +43,7 @@ uint8_t* HostColdTier::record_at(Slot s) {
   return slabs_[slab].get() + static_cast<size_t>(s) % slots_per_slab_ * record_bytes_;
 }
 
-bool HostColdTier::put(uint64_t key, std::span<const uint8_t> data) {
-  if (data.size() != record_bytes_) throw std::invalid_argument("cold tier put: record of the wrong size");
-  const uint64_t sum = cold::record_checksum(key, data, 0);
-  std::lock_guard lock(mu_);
+uint8_t* HostColdTier::place(uint64_t key, uint64_t sum) {
   ++stats_.puts;
   Slot s = index_.find(key);
   if (s != kNoSlot) {
@@ -50,7 +52,7 @@ bool HostColdTier::put(uint64_t key, std::span<const uint8_t> data) {
     const cold::SlotIndex::Allocation a = index_.allocate(key, kNoSlot);
     if (a.slot == kNoSlot) {
       ++stats_.put_failures;
-      return false;
+      return nullptr;
     }
     stats_.evictions += a.evicted;
     s = a.slot;
@@ -59,12 +61,73 @@ bool HostColdTier::put(uint64_t key, std::span<const uint8_t> data) {
   if (dst == nullptr) {  // a fresh slot whose slab the system refused
     index_.release(s);
     ++stats_.put_failures;
-    return false;
+    return nullptr;
   }
-  std::memcpy(dst, data.data(), record_bytes_);
   if (checksum_.size() < static_cast<size_t>(index_.slots_touched())) checksum_.resize(index_.slots_touched());
   checksum_[static_cast<size_t>(s)] = sum;
   stats_.bytes_written += record_bytes_;
+  return dst;
+}
+
+bool HostColdTier::put(uint64_t key, std::span<const uint8_t> data) {
+  if (data.size() != record_bytes_) throw std::invalid_argument("cold tier put: record of the wrong size");
+  const uint64_t sum = cold::record_checksum(key, data, 0);
+  std::lock_guard lock(mu_);
+  uint8_t* dst = place(key, sum);
+  if (dst != nullptr) std::memcpy(dst, data.data(), record_bytes_);
+  return dst != nullptr;
+}
+
+namespace {
+constexpr size_t kRecordsPerTask = 16;  // ~128 KiB of 8 KiB pages: enough to amortise a task
+}  // namespace
+
+void HostColdTier::put_many(std::span<const uint64_t> keys, std::span<const uint8_t* const> data, std::span<bool> ok) {
+  cold::check_batch(keys.size(), data.size(), ok.size(), "put_many");
+  const size_t n = keys.size();
+  const int tasks = tasks_for(n, kRecordsPerTask);
+  const auto range = [&](int task) {
+    return std::pair{n * static_cast<size_t>(task) / static_cast<size_t>(tasks), n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks)};
+  };
+  std::vector<uint64_t> sums(n);
+  std::vector<uint8_t*> dst(n);
+  for_each_task(tasks, [&](int task) {  // checksums outside the lock
+    for (auto [i, end] = range(task); i < end; ++i) sums[i] = cold::record_checksum(keys[i], {data[i], record_bytes_}, 0);
+  });
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < n; ++i) ok[i] = (dst[i] = place(keys[i], sums[i])) != nullptr;
+  // A later key of the batch may have evicted an earlier one's slot (a tier smaller than the batch): only
+  // the last placement of a slot is copied, and an earlier one whose slot was taken reports failure.
+  for (size_t i = 0; i < n; ++i)
+    if (ok[i] && index_.find(keys[i]) == kNoSlot) ok[i] = false, dst[i] = nullptr;
+  // A key given twice: its last record wins (as with put() in a loop), and only that one is copied.
+  std::unordered_set<const uint8_t*> seen;
+  for (size_t i = n; i-- > 0;)
+    if (dst[i] != nullptr && !seen.insert(dst[i]).second) dst[i] = nullptr;
+  for_each_task(tasks, [&](int task) {
+    for (auto [i, end] = range(task); i < end; ++i)
+      if (dst[i] != nullptr) std::memcpy(dst[i], data[i], record_bytes_);
+  });
+}
+
+bool HostColdTier::settle_read(Slot s, bool verified, bool take) {
+  if (!verified) {
+    if (!logged_mismatch_) {
+      std::fprintf(stderr, "[kvpack] cold tier: checksum mismatch in host memory slot %d (record dropped)\n", s);
+      logged_mismatch_ = true;
+    }
+    index_.release(s);
+    ++stats_.checksum_failures;
+    ++stats_.misses;
+    return false;
+  }
+  if (take) {
+    index_.release(s);
+  } else {
+    index_.touch(s);
+  }
+  ++stats_.hits;
+  stats_.bytes_read += record_bytes_;
   return true;
 }
 
@@ -79,20 +142,62 @@ bool HostColdTier::get(uint64_t key, std::span<uint8_t> out) {
   }
   std::memcpy(out.data(), record_at(s), record_bytes_);
   // Verified under the lock: a 8 KiB XXH3 costs well under a microsecond, and the stats stay exact.
-  if (cold::record_checksum(key, out, 0) != checksum_[static_cast<size_t>(s)]) {
-    if (!logged_mismatch_) {
-      std::fprintf(stderr, "[kvpack] cold tier: checksum mismatch in host memory slot %d (record dropped)\n", s);
-      logged_mismatch_ = true;
+  return settle_read(s, cold::record_checksum(key, out, 0) == checksum_[static_cast<size_t>(s)], false);
+}
+
+void HostColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
+  cold::check_batch(keys.size(), out.size(), ok.size(), "get_many");
+  read_many(keys, out, ok, false);
+}
+
+void HostColdTier::take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
+  cold::check_batch(keys.size(), out.size(), ok.size(), "take_many");
+  read_many(keys, out, ok, true);
+}
+
+void HostColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take) {
+  struct Copy {
+    size_t index;
+    Slot slot;
+    const uint8_t* src;
+    bool verified;
+  };
+  std::vector<Copy> copies;
+  copies.reserve(keys.size());
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ++stats_.gets;
+    ok[i] = false;
+    if (const Slot s = index_.find(keys[i]); s != kNoSlot) {
+      copies.push_back({i, s, record_at(s), false});
+    } else {
+      ++stats_.misses;
     }
-    index_.release(s);
-    ++stats_.checksum_failures;
-    ++stats_.misses;
-    return false;
   }
-  index_.touch(s);
-  ++stats_.hits;
-  stats_.bytes_read += record_bytes_;
-  return true;
+  // Copy, then hash the copy while it is still in L1/L2: the slab is read from DRAM once.
+  const size_t n = copies.size();
+  const int tasks = tasks_for(n, kRecordsPerTask);
+  for_each_task(tasks, [&](int task) {
+    const size_t end = n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks);
+    for (size_t j = n * static_cast<size_t>(task) / static_cast<size_t>(tasks); j < end; ++j) {
+      Copy& c = copies[j];
+      std::memcpy(out[c.index], c.src, record_bytes_);
+      c.verified = cold::record_checksum(keys[c.index], {out[c.index], record_bytes_}, 0) == checksum_[static_cast<size_t>(c.slot)];
+    }
+  });
+  for (const Copy& c : copies) {
+    if (take && index_.find(keys[c.index]) != c.slot) {  // a key given twice, released by its first copy
+      ok[c.index] = c.verified;
+      if (c.verified) {
+        ++stats_.hits;
+        stats_.bytes_read += record_bytes_;
+      } else {
+        ++stats_.misses;
+      }
+      continue;
+    }
+    ok[c.index] = settle_read(c.slot, c.verified, take);
+  }
 }
 
 void HostColdTier::erase(uint64_t key) {
@@ -116,16 +221,19 @@ uint8_t* HostColdTier::record_for_testing(uint64_t key) {
   return s == kNoSlot ? nullptr : record_at(s);
 }
 
-double measure_memcpy_gbps(size_t bytes) {
+double measure_memcpy_gbps(size_t bytes, int threads) {
   if (bytes == 0) return 0.0;
+  threads = std::max(1, threads);
   auto src = std::make_unique_for_overwrite<uint8_t[]>(bytes);
   auto dst = std::make_unique_for_overwrite<uint8_t[]>(bytes);
   std::memset(src.get(), 0x5a, bytes);  // touch both: page faults are not what we time
   std::memset(dst.get(), 0, bytes);
+  ThreadPool pool(threads);
+  const auto part = [&](int t) { return bytes * static_cast<size_t>(t) / static_cast<size_t>(threads); };
   double best_seconds = 1e30;
   for (int round = 0; round < 5; ++round) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(dst.get(), src.get(), bytes);
+    pool.run(threads, [&](int t, int) { std::memcpy(dst.get() + part(t), src.get() + part(t), part(t + 1) - part(t)); });
     asm volatile("" : : "r"(dst.get()) : "memory");  // the copy is observable: not elided
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
     best_seconds = std::min(best_seconds, dt.count());

@@ -9,6 +9,10 @@
 // Every record's XXH3-64 (key + bytes) is taken on put and verified on get: a stray write into the
 // slab (or a bit flip) turns into a counted miss, never into wrong KV.
 //
+// Batches: put_many / get_many split their copies and checksums over `io_threads` threads (the caller
+// included): a swap of a 2048-token sequence moves a few hundred MiB, and one core cannot both copy at
+// DRAM speed and hash; the engine passes its thread count (its compute threads are idle while the
+// scheduler swaps between steps).
 // Thread-safety: every member may be called from any thread; one mutex guards the index, the slabs and
 // the stats. Copies into and out of the slabs happen under it (a host tier is memcpy-bound and is driven
 // by the KV manager's one scheduling thread); put() checksums its record before taking it, get() verifies
@@ -31,12 +35,15 @@ namespace kvpack::kv {
 class HostColdTier final : public cold::IndexedTier {
  public:
   // Throws std::invalid_argument when record_bytes is 0 or cap_bytes holds no record.
-  HostColdTier(uint64_t cap_bytes, size_t record_bytes);
+  HostColdTier(uint64_t cap_bytes, size_t record_bytes, int io_threads = 1);
 
   const char* kind() const override { return "host"; }
   bool put(uint64_t key, std::span<const uint8_t> data) override;
   bool get(uint64_t key, std::span<uint8_t> out) override;
   void erase(uint64_t key) override;
+  void put_many(std::span<const uint64_t> keys, std::span<const uint8_t* const> data, std::span<bool> ok) override;
+  void get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) override;
+  void take_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) override;
 
   // Memory obtained for slabs so far (the figure the byte cap bounds).
   size_t reserved_bytes() const;
@@ -45,6 +52,13 @@ class HostColdTier final : public cold::IndexedTier {
 
  private:
   uint8_t* record_at(cold::Slot s);  // nullptr when its slab is not allocated (the system refused it)
+  // Under mu_: a record of `key` with checksum `sum` gets a slot (replacing, or allocating / evicting);
+  // nullptr (stats counted) when none can be had. The caller copies the bytes in.
+  uint8_t* place(uint64_t key, uint64_t sum);
+  // Under mu_: the outcome of reading slot `s` (verified == its checksum matched); false on a mismatch.
+  // A hit is refreshed in the LRU, or released when `take`.
+  bool settle_read(cold::Slot s, bool verified, bool take);
+  void read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take);
 
   const size_t slots_per_slab_;
   std::vector<std::unique_ptr<uint8_t[]>> slabs_;
@@ -54,7 +68,9 @@ class HostColdTier final : public cold::IndexedTier {
 
 // Copy bandwidth of this machine: copies a `bytes` buffer into another (both touched first, so no page
 // faults are timed) a few times and returns the best rate in GB/s (1e9 bytes/s), counting each byte copied
-// once (not read + write). Use a size well above the last-level cache (e.g. 256 MiB) for a DRAM figure.
-double measure_memcpy_gbps(size_t bytes);
+// once (not read + write). `threads` threads copy one contiguous part each (the figure a tier with that
+// many I/O threads is set against). Use a size well above the last-level cache (e.g. 256 MiB) for a DRAM
+// figure.
+double measure_memcpy_gbps(size_t bytes, int threads = 1);
 
 }  // namespace kvpack::kv

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kv/cold_tier.h"
+#include "util/thread_pool.h"
 
 namespace kvpack::kv::cold {
 
@@ -100,17 +101,35 @@ class SlotIndex {
 class IndexedTier : public ColdTier {
  public:
   size_t record_bytes() const override { return record_bytes_; }
+  int io_threads() const { return workers_.size(); }
   bool contains(uint64_t key) const override;
   void pin(uint64_t key, bool pinned) override;
   ColdTierStats stats() const override;
 
  protected:
-  IndexedTier(size_t record_bytes, int64_t capacity_slots, uint64_t cap_bytes);
+  // io_threads: threads (the caller included) that a batched call splits its copies, checksums and reads
+  // over; 1 = the caller alone.
+  IndexedTier(size_t record_bytes, int64_t capacity_slots, uint64_t cap_bytes, int io_threads = 1);
+
+  // Runs fn(task) for task in [0, n) on the I/O threads and returns when all are done. One batch at a time
+  // (a second caller waits): the pool runs one fork-join section at a time.
+  template <class F>
+  void for_each_task(int n, F&& fn) {
+    std::lock_guard lock(workers_mu_);
+    workers_.run(n, [&](int task, int) { fn(task); });
+  }
+  // Tasks for `items` items: about four per thread (so one slow task does not leave the others idle), at
+  // least `min_per_task` items each.
+  int tasks_for(size_t items, size_t min_per_task) const;
 
   const size_t record_bytes_;
   mutable std::mutex mu_;
   SlotIndex index_;       // guarded by mu_
   ColdTierStats stats_;   // guarded by mu_; records / used_bytes are filled in by stats()
+
+ private:
+  std::mutex workers_mu_;  // may be taken while mu_ is held, never the other way round
+  ThreadPool workers_;
 };
 
 }  // namespace kvpack::kv::cold

@@ -106,11 +106,11 @@ std::unique_ptr<SequenceKv> KvManager::swap_in(SwappedKv& sw, int32_t reserve_sl
         if (sw.pages[s][i] == kNoPage) io_dst_.push_back(pool_.data(table[i]));
     }
     std::span<bool> got = io_ok(sw.keys.size());
-    cold_->get_many(sw.keys, io_dst_, got);
+    cold_->take_many(sw.keys, io_dst_, got);  // read and erase in one pass: the pages are hot again
     for (bool b : got) ok &= b;
-  }
-  if (cold_)
+  } else if (cold_) {
     for (uint64_t k : sw.keys) cold_->erase(k);
+  }
   const int64_t n = static_cast<int64_t>(sw.keys.size());
   const int32_t next_pos = sw.next_pos;
   sw = SwappedKv{};
