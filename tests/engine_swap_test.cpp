@@ -186,6 +186,35 @@ TEST_F(SwapTest, SwapPreemptionGivesTheSoloOutputForEveryPolicy) {
   }
 }
 
+// Compression's evicted slots go to the tier (kv/evicted_kv.h): every evicted slot is written, the
+// greedy output is the one without a tier, and the records leave the tier when the request finishes.
+TEST_F(SwapTest, EvictedTokensGoToTheTierWithoutChangingTheOutput) {
+  using P = compress::PolicyKind;
+  TempDir dir;
+  for (P pol : {P::KNorm, P::TriAttention, P::H2O}) {
+    for (const std::string& cold : {std::string("host:64M"), "dir:" + dir.path + ":64M"}) {
+      const Request r = request(kPrompts[2], 100, pol);
+      Engine e(*model_, tight_engine(cold));
+      e.set_calibration(*calib_);
+      SchedulerOptions so;
+      so.max_running = 1;
+      so.prefix_cache = false;
+      Scheduler sched(e, so);
+      std::map<uint64_t, Outcome> out;
+      const uint64_t id = submit(sched, r, out);
+      run(sched, out);
+      const std::string what = std::string(compress::policy_name(pol)) + " " + cold;
+      const RequestStats& st = out[id].stats;
+      EXPECT_EQ(out[id].text, solo(r, false)) << what;
+      EXPECT_GT(st.compression.evicted_slots, 0) << what;
+      EXPECT_EQ(st.evicted.slots_written, st.compression.evicted_slots) << what;
+      EXPECT_EQ(st.evicted.pages_refused, 0) << what;
+      EXPECT_GE(st.evicted.pages_written * 16, st.evicted.slots_written) << what;
+      EXPECT_EQ(e.kv().cold_tier()->stats().records, 0u) << what;  // erased at finish
+    }
+  }
+}
+
 TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {
   // Room for a few pages only: most swap-outs fail and recompute instead (full KV recomputes exactly).
   Engine engine(*model_, tight_engine("host:" + std::to_string(8 * 1088)));

@@ -20,6 +20,10 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--kv-cold", o.kv_cold,
                  "Cold KV tier for swap preemption and prefix-cache spill: host:BYTES (RAM) or dir:PATH:BYTES (a file; frees RAM); "
                  "BYTES takes K/M/G suffixes (powers of 1024)");
+  cmd.add_option("--kv-cold-evicted", o.kv_cold_evicted,
+                 "With --kv-cold and compression: keep the tokens compression evicts in the cold tier, with a key digest per "
+                 "page in RAM (what recall reads), instead of discarding them")
+      ->default_val(true);
   cmd.add_option("-b,--batch", o.batch, "Tokens per forward call (prefill chunk)")->check(CLI::Range(1, 65536));
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
 }
@@ -77,6 +81,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.kv_type = kernels::parse_kv_type(o.kv_type);
   e.kv_pages = o.kv_pages;
   e.kv_cold = o.kv_cold;
+  e.kv_cold_evicted = o.kv_cold_evicted;
   e.max_batch_tokens = o.batch;
   return e;
 }
@@ -122,6 +127,15 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine, const c
                  static_cast<long long>(c.evicted_slots), static_cast<long long>(c.freed_pages), c.reclaim_efficiency(),
                  c.seconds * 1e3, total_decode > 0 ? 100.0 * c.seconds / total_decode : 0.0, r.peak_resident_kv_bytes,
                  r.resident_kv_bytes);
+    if (engine.kv().has_cold_tier()) {
+      const auto& e = r.evicted;
+      std::fprintf(stderr,
+                   "[kvpack] kv_cold: evicted_pages_written=%lld evicted_slots_written=%lld evicted_bytes_written=%llu "
+                   "evicted_pages_refused=%lld digest_bytes=%llu\n",
+                   static_cast<long long>(e.pages_written), static_cast<long long>(e.slots_written),
+                   static_cast<unsigned long long>(e.bytes_written), static_cast<long long>(e.pages_refused),
+                   static_cast<unsigned long long>(e.digest_bytes));
+    }
   }
 }
 

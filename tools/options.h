@@ -18,6 +18,7 @@ struct ModelOptions {
   std::string kv_type = "f32";  // --kv-type: f32, f16, bf16, q8_0 (kernels::parse_kv_type)
   int64_t kv_pages = 0;
   std::string kv_cold;  // --kv-cold: "", host:BYTES or dir:PATH:BYTES
+  bool kv_cold_evicted = true;  // --kv-cold-evicted
   int32_t batch = 256;
   bool quiet = false;
 };

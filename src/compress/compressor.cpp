@@ -118,6 +118,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     if (cfg_.naive) naive_.sync(s, n);
     if (static_cast<int32_t>(keep.size()) >= n) continue;
     if (needs_.key_mass) mass_.compact(s, keep);
+    if (evicted_ != nullptr) evicted_->add(kv, s, keep);  // before the survivors slide over them
     const int64_t compacted = kv.compact_stream(s, keep);
     if (compacted < 0) throw std::runtime_error("KV pool exhausted while un-sharing a page for compaction");
     // Naive mode reports what a non-compacting allocator would have freed instead.
@@ -127,6 +128,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     ev.freed_pages += freed;
     ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
   }
+  if (evicted_ != nullptr) evicted_->commit();
   schedule_.on_event(live_total(kv));
   ev.score_seconds = t1 - t0;
   ev.seconds = now_s() - t0;

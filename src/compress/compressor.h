@@ -23,6 +23,7 @@
 #include "compress/query_window.h"
 #include "compress/schedule.h"
 #include "compress/scorer.h"
+#include "kv/evicted_kv.h"
 #include "kv/sequence_kv.h"
 #include "model/forward.h"
 #include "util/thread_pool.h"
@@ -68,6 +69,9 @@ class SequenceCompressor : public ForwardObserver {
   // The first `tokens` slots of every stream hold prompt blocks registered in (or attached from) the
   // prefix cache: never evicted (see protection()).
   void set_protected_prefix(int32_t tokens) { protected_prefix_ = tokens; }
+  // Evicted slots go to `sink` (kv/evicted_kv.h: the cold tier, with per-page key digests) instead of
+  // away; nullptr (the default) drops them. Not owned; must outlive the compressor's use of it.
+  void set_evicted_sink(kv::EvictedKv* sink) { evicted_ = sink; }
   // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
   const CompressionSchedule& schedule() const { return schedule_; }
   // Pages this sequence's KV accounts for: kv.pages_held(), or in naive mode the pages a
@@ -91,6 +95,7 @@ class SequenceCompressor : public ForwardObserver {
   int32_t prompt_len_;
   int32_t protected_prefix_ = 0;
   ThreadPool* pool_;
+  kv::EvictedKv* evicted_ = nullptr;
   int32_t n_streams_;
   CompressionStats stats_;
   CompressionSchedule schedule_;

@@ -57,6 +57,7 @@ GenerateResult Engine::generate(const Request& req, const std::function<bool(std
     res.resident_kv_bytes = static_cast<size_t>(st.kv_pages_in_use) * kv_.pool().page_bytes();
     res.peak_resident_kv_bytes = static_cast<size_t>(st.peak_kv_pages) * kv_.pool().page_bytes();
     res.compression = st.compression;
+    res.evicted = st.evicted;
   });
   while (!finished) sched.step();
   res.pool_reserved_bytes = kv_.pool().reserved_bytes();

@@ -33,6 +33,8 @@ struct EngineOptions {
   // Cold KV tier (kv/cold_tier.h): "" = none, "host:BYTES" or "dir:PATH:BYTES". Swap preemption and
   // prefix-cache spill use it.
   std::string kv_cold;
+  // With a cold tier: compression's evicted slots go to it (kv/evicted_kv.h) instead of away.
+  bool kv_cold_evicted = true;
 };
 
 // What generate() returns: the tokens and text, how it ended, and the request's figures.
@@ -48,6 +50,7 @@ struct GenerateResult {
   size_t peak_resident_kv_bytes = 0;
   size_t pool_reserved_bytes = 0;    // memory the pool actually obtained from the system
   compress::CompressionStats compression;
+  kv::EvictedStats evicted;          // evicted slots kept in the cold tier (with --kv-cold)
 };
 
 class Engine {

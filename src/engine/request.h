@@ -45,6 +45,7 @@ struct RequestStats {
   int64_t kv_pages_in_use = 0;   // pages held at the end (before they were freed)
   int64_t peak_kv_pages = 0;     // most pages held at once (naive demonstration: as a non-compacting allocator would)
   compress::CompressionStats compression;
+  kv::EvictedStats evicted;      // evicted slots kept in the cold tier (kv_cold_evicted)
 };
 
 struct RequestEvent {

@@ -182,6 +182,11 @@ void Scheduler::admit() {
         s.comp_before.add(s.comp->stats());
         s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
                                                                 s.n_prompt, &engine_->runner().threads());
+        if (s.evicted) s.evicted->clear();  // its cold pages belonged to the KV being rebuilt
+      }
+      if (s.comp && kv_->has_cold_tier() && engine_->options().kv_cold_evicted) {
+        if (!s.evicted) s.evicted = std::make_unique<kv::EvictedKv>(*kv_->cold_tier(), kv_->pool(), s.id, kv_->n_streams());
+        s.comp->set_evicted_sink(s.evicted.get());
       }
       // A compressed sequence whose prompt may not be registered must not attach cached blocks either:
       // attached pages are shared, hence protected from eviction, which a solo run would not have.
@@ -299,6 +304,14 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   st.compression = s->comp_before;
   if (s->comp) st.compression.add(s->comp->stats());
   finished_compression_.add(st.compression);
+  if (s->evicted) {
+    st.evicted = s->evicted->stats();
+    kv::EvictedStats gone = st.evicted;
+    gone.digest_bytes = 0;
+    finished_evicted_.add(gone);
+    if (s->comp) s->comp->set_evicted_sink(nullptr);
+    s->evicted.reset();  // its records leave the tier now, not when the sequence object goes
+  }
   ev.stats = st;
   s->kv.reset();
   if (s->swapped) kv_->drop_swapped(*s->swapped);
@@ -481,6 +494,10 @@ void Scheduler::publish_metrics() {
     cs.add(s->comp_before);
   }
   for (auto& s : waiting_) cs.add(s->comp_before);
+  kv::EvictedStats ev = finished_evicted_;
+  for (const auto* q : {&running_, &waiting_})
+    for (auto& s : *q)
+      if (s->evicted) ev.add(s->evicted->stats());
   std::lock_guard<std::mutex> lock(mu_);
   metrics_.pages_total = u.pages_total;
   metrics_.pages_used = u.pages_used;
@@ -495,6 +512,7 @@ void Scheduler::publish_metrics() {
   metrics_.compression = cs;
   metrics_.prefix = kv_->prefix_stats();
   metrics_.cold = kv_->cold_usage();
+  metrics_.evicted = ev;
 }
 
 SchedulerMetrics Scheduler::metrics() const {

@@ -77,6 +77,7 @@ struct SchedulerMetrics {
   compress::CompressionStats compression;  // totals over all sequences (finished + running)
   kv::PrefixCacheStats prefix;
   kv::ColdUsage cold;
+  kv::EvictedStats evicted;        // evicted slots kept in the cold tier: totals; digest_bytes = held now
   int64_t recomputes = 0;          // preemptions (or lost swaps) that recomputed from text
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
@@ -144,6 +145,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   uint64_t step_no_ = 0;
   compress::CompressionStats finished_compression_;
+  kv::EvictedStats finished_evicted_;  // digest_bytes stays 0: finished sequences hold none
   StepPlan plan_;
   std::vector<Sequence*> order_, done_;
   std::thread thread_;

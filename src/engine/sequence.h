@@ -26,6 +26,9 @@ struct Sequence {
   std::unique_ptr<kv::SequenceKv> kv;             // null while waiting
   std::unique_ptr<kv::SwappedKv> swapped;         // preempted to the cold tier (comes back bit-identical)
   bool recompute = false;                         // preempted without the tier: KV recomputed from text
+  // Compression's evicted slots in the cold tier (null without compression, a tier, or kv_cold_evicted).
+  // Declared before comp, which points at it.
+  std::unique_ptr<kv::EvictedKv> evicted;
   std::unique_ptr<compress::SequenceCompressor> comp;  // null without compression
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextStream> text;

@@ -349,7 +349,9 @@ json usage_json(const Usage& u) {
                           {"peak_kv_bytes", u.peak_kv_bytes},
                           {"final_kv_bytes", u.final_kv_bytes},
                           {"evicted_tokens", u.evicted_tokens},
-                          {"compactions", u.compactions}}}};
+                          {"compactions", u.compactions},
+                          {"evicted_cold_pages", u.evicted_cold_pages},
+                          {"evicted_cold_bytes", u.evicted_cold_bytes}}}};
 }
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {

@@ -88,6 +88,7 @@ struct Usage {
   // clients ignore): preemptions and how they were handled, prefix tokens from the cold tier, KV bytes.
   int32_t preemptions = 0, swap_outs = 0, recomputes = 0, cached_tokens_cold = 0;
   int64_t peak_kv_bytes = 0, final_kv_bytes = 0, evicted_tokens = 0, compactions = 0;
+  int64_t evicted_cold_pages = 0, evicted_cold_bytes = 0;  // evicted tokens kept in the cold tier
 };
 
 // Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".

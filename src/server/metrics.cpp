@@ -101,6 +101,17 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   w.metric("counter", "kvpack_kv_cold_checksum_misses_total", "Cold reads rejected by their checksum or short (treated as misses).",
            k.tier.checksum_failures);
   w.metric("counter", "kvpack_kv_cold_evictions_total", "Cold-tier records dropped to make room (LRU).", k.tier.evictions);
+  const auto& e = m.evicted;
+  w.metric("counter", "kvpack_kv_cold_evicted_pages_total", "Pages of compression-evicted tokens written to the cold tier.",
+           e.pages_written);
+  w.metric("counter", "kvpack_kv_cold_evicted_tokens_total", "Evicted slots (summed over layer x KV-head streams) kept in the cold tier.",
+           e.slots_written);
+  w.metric("counter", "kvpack_kv_cold_evicted_refused_total", "Evicted pages the cold tier could not take (discarded instead).",
+           e.pages_refused);
+  w.metric("counter", "kvpack_kv_cold_evicted_lost_total", "Evicted cold pages found gone when read (LRU, checksum) or refused.",
+           e.pages_lost);
+  w.metric("gauge", "kvpack_kv_cold_digest_bytes", "Hot memory held by the key digests of evicted cold pages (live sequences).",
+           e.digest_bytes);
   w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);
   w.metric("counter", "kvpack_kv_swap_ins_total", "Swapped-out sequences brought back bit-identical.", k.swap_ins);
   w.metric("counter", "kvpack_kv_swap_out_failures_total", "Swap-outs the cold tier could not take (recomputed instead).",

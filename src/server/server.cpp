@@ -34,6 +34,8 @@ Usage Server::usage_of(const RequestEvent& ev) const {
   u.final_kv_bytes = st.kv_pages_in_use * page;
   u.evicted_tokens = kv_streams_ > 0 ? st.compression.evicted_slots / kv_streams_ : 0;
   u.compactions = st.compression.events;
+  u.evicted_cold_pages = st.evicted.pages_written;
+  u.evicted_cold_bytes = static_cast<int64_t>(st.evicted.bytes_written);
   return u;
 }
 

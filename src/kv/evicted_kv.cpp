@@ -1,0 +1,170 @@
+#include "kv/evicted_kv.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+
+namespace kvpack::kv {
+
+namespace {
+
+uint64_t evicted_key(uint64_t uid, uint64_t record) {
+  const uint64_t parts[3] = {0x6576696374000000ull /* "evict" */, uid, record};
+  return XXH3_64bits(parts, sizeof parts);
+}
+
+}  // namespace
+
+void EvictedStats::add(const EvictedStats& o) {
+  pages_written += o.pages_written;
+  slots_written += o.slots_written;
+  pages_refused += o.pages_refused;
+  pages_read += o.pages_read;
+  pages_lost += o.pages_lost;
+  bytes_written += o.bytes_written;
+  digest_bytes += o.digest_bytes;
+}
+
+EvictedKv::EvictedKv(ColdTier& tier, const PagePool& pool, uint64_t uid, int32_t n_streams)
+    : tier_(&tier),
+      pool_(&pool),
+      uid_(uid),
+      head_dim_(pool.config().head_dim),
+      page_size_(pool.config().page_size),
+      kv_type_(pool.config().kv_type),
+      streams_(static_cast<size_t>(n_streams)),
+      row_(static_cast<size_t>(pool.config().head_dim)) {
+  if (tier.record_bytes() != pool.record_bytes())
+    throw std::invalid_argument("EvictedKv: cold tier records are not KV page records");
+}
+
+EvictedKv::~EvictedKv() { clear(); }
+
+void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep) {
+  const int32_t n = kv.n_slots(stream);
+  if (static_cast<int32_t>(keep.size()) >= n) return;
+  const size_t record = pool_->record_bytes();
+  const size_t row = pool_->slot_bytes();
+  const size_t voff = pool_->v_offset();
+  const size_t pos_off = record - sizeof(int32_t) * static_cast<size_t>(page_size_);
+  const auto table = kv.page_table(stream);
+  Stream& st = streams_[static_cast<size_t>(stream)];
+  const size_t hd = static_cast<size_t>(head_dim_);
+
+  uint8_t* rec = nullptr;
+  float* mn = nullptr;
+  float* mx = nullptr;
+  int32_t in_record = 0;
+  size_t k = 0;  // next index into keep
+  for (int32_t slot = 0; slot < n; ++slot) {
+    if (k < keep.size() && keep[k] == slot) {
+      ++k;
+      continue;
+    }
+    if (rec == nullptr || in_record == page_size_) {  // open a new record (page)
+      stage_.resize(stage_.size() + record);
+      rec = stage_.data() + stage_.size() - record;
+      std::memset(rec, 0, record);
+      std::fill_n(reinterpret_cast<int32_t*>(rec + pos_off), page_size_, -1);
+      st.pages.push_back(EvictedPage{evicted_key(uid_, next_record_++), 0, 0, 0, false});
+      st.digests.resize(st.digests.size() + 2 * hd);
+      mn = st.digests.data() + st.digests.size() - 2 * hd;
+      mx = mn + hd;
+      std::fill_n(mn, hd, std::numeric_limits<float>::infinity());
+      std::fill_n(mx, hd, -std::numeric_limits<float>::infinity());
+      staged_.push_back({stream, static_cast<int32_t>(st.pages.size()) - 1});
+      in_record = 0;
+    }
+    const PageId p = table[static_cast<size_t>(slot / page_size_)];
+    const uint8_t* src = pool_->data(p) + static_cast<size_t>(slot % page_size_) * row;
+    std::memcpy(rec + static_cast<size_t>(in_record) * row, src, row);
+    std::memcpy(rec + voff + static_cast<size_t>(in_record) * row, src + voff, row);
+    const int32_t pos = pool_->positions(p)[slot % page_size_];
+    reinterpret_cast<int32_t*>(rec + pos_off)[in_record] = pos;
+    kernels::kv_decode_row(src, kv_type_, head_dim_, row_.data());
+    for (size_t i = 0; i < hd; ++i) {
+      mn[i] = std::min(mn[i], row_[i]);
+      mx[i] = std::max(mx[i], row_[i]);
+    }
+    EvictedPage& page = st.pages.back();
+    if (page.n_slots == 0) page.first_pos = pos;
+    page.last_pos = pos;
+    ++page.n_slots;
+    ++in_record;
+  }
+}
+
+void EvictedKv::commit() {
+  if (staged_.empty()) return;
+  const size_t record = pool_->record_bytes();
+  stage_keys_.clear();
+  stage_ptrs_.clear();
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    const Staged& s = staged_[i];
+    stage_keys_.push_back(streams_[static_cast<size_t>(s.stream)].pages[static_cast<size_t>(s.page)].key);
+    stage_ptrs_.push_back(stage_.data() + i * record);
+  }
+  auto ok = std::make_unique<bool[]>(staged_.size());
+  tier_->put_many(stage_keys_, stage_ptrs_, {ok.get(), staged_.size()});
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    EvictedPage& page = streams_[static_cast<size_t>(staged_[i].stream)].pages[static_cast<size_t>(staged_[i].page)];
+    if (ok[i]) {
+      ++stats_.pages_written;
+      stats_.slots_written += page.n_slots;
+      stats_.bytes_written += record;
+    } else {
+      page.lost = true;
+      ++stats_.pages_refused;
+      ++stats_.pages_lost;
+    }
+  }
+  staged_.clear();
+  stage_.clear();
+  uint64_t digest = 0;
+  for (const Stream& s : streams_) digest += s.digests.size() * sizeof(float);
+  stats_.digest_bytes = digest;
+}
+
+std::span<const float> EvictedKv::digest(int32_t stream, int32_t page) const {
+  const size_t hd = static_cast<size_t>(head_dim_);
+  return std::span<const float>(streams_[static_cast<size_t>(stream)].digests).subspan(static_cast<size_t>(page) * 2 * hd, 2 * hd);
+}
+
+float EvictedKv::upper_bound(int32_t stream, int32_t page, const float* q) const {
+  const std::span<const float> d = digest(stream, page);
+  const float* mn = d.data();
+  const float* mx = d.data() + head_dim_;
+  float bound = 0.0f;
+  for (int32_t i = 0; i < head_dim_; ++i) bound += std::max(q[i] * mn[i], q[i] * mx[i]);
+  return bound;
+}
+
+bool EvictedKv::read(int32_t stream, int32_t page, std::span<uint8_t> out) {
+  EvictedPage& p = streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(page)];
+  if (p.lost) return false;
+  if (!tier_->get(p.key, out)) {
+    p.lost = true;
+    ++stats_.pages_lost;
+    return false;
+  }
+  ++stats_.pages_read;
+  return true;
+}
+
+void EvictedKv::clear() {
+  for (Stream& s : streams_) {
+    for (const EvictedPage& p : s.pages)
+      if (!p.lost) tier_->erase(p.key);
+    s.pages.clear();
+    s.digests.clear();
+  }
+  staged_.clear();
+  stage_.clear();
+  stats_.digest_bytes = 0;
+}
+
+}  // namespace kvpack::kv

@@ -1,0 +1,107 @@
+// Evicted tokens go down, not away: the slots a compaction drops from a sequence's streams, kept in the
+// cold tier with a small digest per cold page in hot memory (Quest's bound), so that recall can find the
+// pages that might matter for the current queries without reading them.
+//
+// Per stream (one layer x one KV head), every compaction event's evicted slots are packed in slot order
+// — which is token order: a stream's slots are always in position order — into records of the page
+// layout (K rows, V rows at the pool's v_offset, positions; kv/page_pool.h), page_size slots each, the
+// last one of an event possibly partial (unused slots carry position -1). A record can therefore be
+// copied straight into a pool page. Each cold page has a digest: the element-wise minimum and maximum of
+// its keys (decoded to f32, post-RoPE as stored), so that for any query q
+//     max over the page's slots of q.k  <=  sum_i max(q_i * min_i, q_i * max_i)      (upper_bound)
+// at the cost of one pass over 2 * head_dim numbers, and the slot count and position range.
+//
+// Records are unpinned: the tier may drop them under pressure (LRU), which turns the page into "lost"
+// when a read misses (counted); a put the tier refuses marks the page lost at once. Nothing here is
+// needed for correctness of the hot KV — a lost cold page only means recall cannot bring it back.
+// The destructor erases the sequence's records from the tier.
+//
+// Cost: the digest is 2 * head_dim floats per cold page per stream (1 KiB at head_dim 128 against an
+// 8 KiB f16 page: 1/8 of the evicted bytes stay hot); figures in stats().
+// Thread-safety: one owner (the sequence's thread); the tier is thread-safe.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/cold_tier.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+
+namespace kvpack::kv {
+
+struct EvictedPage {
+  uint64_t key = 0;       // tier record
+  int32_t n_slots = 0;    // 1 .. page_size
+  int32_t first_pos = 0;  // positions of its first and last slot
+  int32_t last_pos = 0;
+  bool lost = false;      // the tier refused or dropped it: not recallable
+};
+
+struct EvictedStats {
+  int64_t pages_written = 0;   // records the tier accepted
+  int64_t slots_written = 0;
+  int64_t pages_refused = 0;   // puts the tier could not honour (full of pinned records, I/O error)
+  int64_t pages_read = 0;      // recalled reads that hit
+  int64_t pages_lost = 0;      // reads that missed (evicted by LRU, checksum) plus refused puts
+  uint64_t bytes_written = 0;  // record bytes accepted
+  uint64_t digest_bytes = 0;   // hot memory held by digests now
+  void add(const EvictedStats& o);  // sums (digest_bytes too: a total over sequences)
+};
+
+class EvictedKv {
+ public:
+  // `uid` names the sequence (tier keys derive from it; unique among live sequences).
+  EvictedKv(ColdTier& tier, const PagePool& pool, uint64_t uid, int32_t n_streams);
+  ~EvictedKv();
+  EvictedKv(const EvictedKv&) = delete;
+  EvictedKv& operator=(const EvictedKv&) = delete;
+
+  // Stages the slots of `stream` that `keep` (strictly increasing slot indices of kv's stream) leaves out:
+  // call right before kv.compact_stream(stream, keep). Records go to the tier at commit().
+  void add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep);
+  // Writes the staged records with one batched put (end of a compression event).
+  void commit();
+
+  int32_t n_streams() const { return static_cast<int32_t>(streams_.size()); }
+  int32_t head_dim() const { return head_dim_; }
+  std::span<const EvictedPage> pages(int32_t stream) const { return streams_[static_cast<size_t>(stream)].pages; }
+  // The digest of page `page` of `stream`: head_dim minima, then head_dim maxima.
+  std::span<const float> digest(int32_t stream, int32_t page) const;
+  // sum_i max(q_i * min_i, q_i * max_i): no slot of the page has q.k above it (q: head_dim floats).
+  float upper_bound(int32_t stream, int32_t page, const float* q) const;
+  // Reads the record of a cold page (pool().record_bytes() bytes) into `out`; false when the tier no
+  // longer has it (the page is then marked lost).
+  bool read(int32_t stream, int32_t page, std::span<uint8_t> out);
+
+  const EvictedStats& stats() const { return stats_; }
+  // Erases every record and forgets every page (the sequence's KV is being rebuilt or dropped).
+  void clear();
+
+ private:
+  struct Stream {
+    std::vector<EvictedPage> pages;
+    std::vector<float> digests;  // 2 * head_dim per page
+  };
+  struct Staged {
+    int32_t stream;
+    int32_t page;
+  };
+
+  ColdTier* tier_;
+  const PagePool* pool_;
+  uint64_t uid_;
+  int32_t head_dim_, page_size_;
+  DType kv_type_;
+  uint64_t next_record_ = 0;
+  std::vector<Stream> streams_;
+  // Staged records of the current event: their bytes back to back, and which page each is.
+  std::vector<uint8_t> stage_;
+  std::vector<Staged> staged_;
+  std::vector<uint64_t> stage_keys_;
+  std::vector<const uint8_t*> stage_ptrs_;
+  std::vector<float> row_;  // one decoded key
+  EvictedStats stats_;
+};
+
+}  // namespace kvpack::kv

@@ -1,0 +1,259 @@
+// Evicted tokens in the cold tier (kv/evicted_kv.h): compaction's dropped slots come back bit-exact, in
+// token order, page-sized, with their positions; the per-page key digest bounds q.k for every slot; a
+// tier that refuses or loses records turns pages into counted "lost" pages, never wrong bytes; the
+// destructor gives the tier its space back. Real tiers (host memory and a file in a temporary directory).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kv/cold_tier_file.h"
+#include "kv/cold_tier_host.h"
+#include "kv/evicted_kv.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+#include "kv_cold_tier_util.h"
+
+namespace kvpack::kv {
+namespace {
+
+constexpr int32_t kPage = 8;
+constexpr int32_t kHeadDim = 32;  // Q8_0 needs a multiple of 32
+
+PoolConfig pool_config(DType t) {
+  PoolConfig c;
+  c.page_size = kPage;
+  c.head_dim = kHeadDim;
+  c.kv_type = t;
+  c.max_pages = 256;
+  return c;
+}
+
+// One slot's K/V as the pool stores them (rows of the pool's type), and its position.
+struct SlotBytes {
+  std::vector<uint8_t> k, v;
+  int32_t pos;
+  std::vector<float> k_decoded;
+};
+
+// A sequence of `n` slots in `streams` streams with random keys / values, encoded in the pool's type.
+std::unique_ptr<SequenceKv> random_sequence(PagePool& pool, int32_t streams, int32_t n, uint64_t seed) {
+  auto kv = std::make_unique<SequenceKv>(pool, 1, streams);
+  EXPECT_TRUE(kv->append(n, 100));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(kHeadDim);
+  for (int32_t s = 0; s < streams; ++s)
+    for (int32_t j = 0; j < n; ++j) {
+      for (float& x : row) x = dist(rng);
+      kernels::kv_encode_row(row.data(), pool.config().kv_type, kHeadDim, kv->k_slot(s, j));
+      for (float& x : row) x = dist(rng);
+      kernels::kv_encode_row(row.data(), pool.config().kv_type, kHeadDim, kv->v_slot(s, j));
+    }
+  return kv;
+}
+
+std::vector<SlotBytes> slots_of(SequenceKv& kv, int32_t stream, const std::vector<int32_t>& which) {
+  std::vector<SlotBytes> out;
+  const size_t row = kv.pool().slot_bytes();
+  for (int32_t j : which) {
+    SlotBytes b;
+    b.k.assign(kv.k_slot(stream, j), kv.k_slot(stream, j) + row);
+    b.v.assign(kv.v_slot(stream, j), kv.v_slot(stream, j) + row);
+    b.pos = kv.position(stream, j);
+    b.k_decoded.resize(kHeadDim);
+    kernels::kv_decode_row(b.k.data(), kv.pool().config().kv_type, kHeadDim, b.k_decoded.data());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<int32_t> complement(int32_t n, const std::vector<int32_t>& keep) {
+  std::vector<int32_t> out;
+  for (int32_t j = 0; j < n; ++j)
+    if (!std::binary_search(keep.begin(), keep.end(), j)) out.push_back(j);
+  return out;
+}
+
+// Random strictly increasing keep set of `k` slots out of `n`.
+std::vector<int32_t> random_keep(int32_t n, int32_t k, std::mt19937& rng) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  for (int32_t j = 0; j < n; ++j) all[static_cast<size_t>(j)] = j;
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+class EvictedKvTest : public ::testing::TestWithParam<std::tuple<DType, std::string>> {
+ protected:
+  std::unique_ptr<ColdTier> make_tier(const PagePool& pool, int64_t records) {
+    if (std::get<1>(GetParam()) == "host") return std::make_unique<HostColdTier>(records * pool.record_bytes(), pool.record_bytes());
+    return std::make_unique<FileColdTier>(dir_.path(), records * (sizeof(FileColdTier::SlotHeader) + pool.record_bytes()),
+                                          pool.record_bytes());
+  }
+  testing_cold::TempDir dir_;
+};
+
+// Two compression events on three streams: every evicted slot comes back from the tier, bit-exact, in
+// token order, packed page_size per record (the last of an event partial, its unused positions -1).
+TEST_P(EvictedKvTest, EvictedSlotsComeBackBitExactInTokenOrder) {
+  PagePool pool(pool_config(std::get<0>(GetParam())));
+  auto tier = make_tier(pool, 200);
+  constexpr int32_t kStreams = 3;
+  auto kv = random_sequence(pool, kStreams, 61, 1);
+  EvictedKv ev(*tier, pool, 7, kStreams);
+  std::mt19937 rng(5);
+  std::vector<std::vector<SlotBytes>> expected(kStreams);
+  for (int event = 0; event < 2; ++event) {
+    for (int32_t s = 0; s < kStreams; ++s) {
+      const int32_t n = kv->n_slots(s);
+      const auto keep = random_keep(n, n / 2 - s, rng);  // different lengths per stream
+      for (auto& b : slots_of(*kv, s, complement(n, keep))) expected[static_cast<size_t>(s)].push_back(std::move(b));
+      ev.add(*kv, s, keep);
+      kv->compact_stream(s, keep);
+    }
+    ev.commit();
+  }
+  tier->flush();
+  std::vector<uint8_t> record(pool.record_bytes());
+  const size_t row = pool.slot_bytes();
+  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * kPage;
+  int64_t slots = 0;
+  for (int32_t s = 0; s < kStreams; ++s) {
+    size_t next = 0;  // into expected[s]
+    for (int32_t p = 0; p < static_cast<int32_t>(ev.pages(s).size()); ++p) {
+      const EvictedPage& page = ev.pages(s)[static_cast<size_t>(p)];
+      ASSERT_FALSE(page.lost);
+      ASSERT_GE(page.n_slots, 1);
+      ASSERT_LE(page.n_slots, kPage);
+      ASSERT_TRUE(ev.read(s, p, record));
+      const auto* pos = reinterpret_cast<const int32_t*>(record.data() + pos_off);
+      for (int32_t j = 0; j < kPage; ++j) {
+        if (j >= page.n_slots) {
+          EXPECT_EQ(pos[j], -1);
+          continue;
+        }
+        const SlotBytes& want = expected[static_cast<size_t>(s)][next++];
+        EXPECT_EQ(0, std::memcmp(record.data() + static_cast<size_t>(j) * row, want.k.data(), row)) << s << " " << p << " " << j;
+        EXPECT_EQ(0, std::memcmp(record.data() + pool.v_offset() + static_cast<size_t>(j) * row, want.v.data(), row));
+        EXPECT_EQ(pos[j], want.pos);
+        if (j > 0) EXPECT_LT(pos[j - 1], pos[j]);  // token order within a page
+      }
+      EXPECT_EQ(page.first_pos, pos[0]);
+      EXPECT_EQ(page.last_pos, pos[page.n_slots - 1]);
+      slots += page.n_slots;
+    }
+    EXPECT_EQ(next, expected[static_cast<size_t>(s)].size());
+  }
+  EXPECT_EQ(ev.stats().slots_written, slots);
+  EXPECT_EQ(ev.stats().pages_lost, 0);
+  EXPECT_EQ(ev.stats().digest_bytes, static_cast<uint64_t>(ev.stats().pages_written) * 2 * kHeadDim * sizeof(float));
+}
+
+// The digest bound: for random queries, no slot of a page has q.k above upper_bound(page), and the bound
+// of a one-slot page is that slot's q.k.
+TEST_P(EvictedKvTest, DigestBoundsEveryKeyOfItsPage) {
+  PagePool pool(pool_config(std::get<0>(GetParam())));
+  auto tier = make_tier(pool, 100);
+  auto kv = random_sequence(pool, 1, 80, 2);
+  EvictedKv ev(*tier, pool, 1, 1);
+  std::mt19937 rng(9);
+  const auto keep = random_keep(80, 23, rng);
+  const auto gone = complement(80, keep);
+  const auto expected = slots_of(*kv, 0, gone);
+  ev.add(*kv, 0, keep);
+  kv->compact_stream(0, keep);
+  ev.commit();
+  // A one-slot page as well: evict exactly one more slot.
+  std::vector<int32_t> keep2;
+  for (int32_t j = 1; j < kv->n_slots(0); ++j) keep2.push_back(j);
+  auto expected_one = slots_of(*kv, 0, {0});
+  ev.add(*kv, 0, keep2);
+  kv->compact_stream(0, keep2);
+  ev.commit();
+  ASSERT_EQ(ev.pages(0).back().n_slots, 1);
+
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> q(kHeadDim);
+  for (int trial = 0; trial < 200; ++trial) {
+    for (float& x : q) x = dist(rng);
+    size_t next = 0;
+    for (int32_t p = 0; p + 1 < static_cast<int32_t>(ev.pages(0).size()); ++p) {
+      const float bound = ev.upper_bound(0, p, q.data());
+      for (int32_t j = 0; j < ev.pages(0)[static_cast<size_t>(p)].n_slots; ++j) {
+        const auto& k = expected[next++].k_decoded;
+        double dot = 0;
+        for (int i = 0; i < kHeadDim; ++i) dot += static_cast<double>(q[static_cast<size_t>(i)]) * k[static_cast<size_t>(i)];
+        EXPECT_LE(dot, bound + 1e-4 * (1 + std::abs(bound))) << "page " << p << " slot " << j;
+      }
+    }
+    EXPECT_EQ(next, expected.size());
+    double dot = 0;
+    for (int i = 0; i < kHeadDim; ++i) dot += static_cast<double>(q[static_cast<size_t>(i)]) * expected_one[0].k_decoded[static_cast<size_t>(i)];
+    EXPECT_NEAR(ev.upper_bound(0, static_cast<int32_t>(ev.pages(0).size()) - 1, q.data()), dot, 1e-4 * (1 + std::abs(dot)));
+  }
+}
+
+// A tier full of pinned records refuses the puts: the pages are lost (counted) and reads say so; a record
+// the tier later drops (LRU) is a lost page on read, never other bytes. The destructor erases the rest.
+TEST_P(EvictedKvTest, RefusedAndDroppedRecordsAreLostPagesNotWrongBytes) {
+  PagePool pool(pool_config(std::get<0>(GetParam())));
+  auto tier = make_tier(pool, 6);
+  std::vector<uint8_t> filler(pool.record_bytes(), 0x33);
+  for (uint64_t k = 0; k < 6; ++k) {
+    ASSERT_TRUE(tier->put(k, filler));
+    tier->pin(k, true);
+  }
+  auto kv = random_sequence(pool, 1, 40, 3);
+  std::vector<uint8_t> record(pool.record_bytes());
+  {
+    EvictedKv ev(*tier, pool, 2, 1);
+    std::vector<int32_t> keep = {0, 1, 2, 3};
+    ev.add(*kv, 0, keep);
+    kv->compact_stream(0, keep);
+    ev.commit();
+    ASSERT_FALSE(ev.pages(0).empty());
+    for (const EvictedPage& p : ev.pages(0)) EXPECT_TRUE(p.lost);
+    EXPECT_EQ(ev.stats().pages_written, 0);
+    EXPECT_EQ(ev.stats().pages_refused, static_cast<int64_t>(ev.pages(0).size()));
+    EXPECT_FALSE(ev.read(0, 0, record));
+  }
+  for (uint64_t k = 0; k < 6; ++k) tier->pin(k, false);
+  auto kv2 = random_sequence(pool, 1, 64, 4);
+  EvictedKv ev(*tier, pool, 3, 1);
+  std::vector<int32_t> keep = {0, 1, 2, 3, 4, 5, 6, 7};
+  ev.add(*kv2, 0, keep);  // 56 slots: 7 pages, one more than the tier holds
+  kv2->compact_stream(0, keep);
+  ev.commit();
+  tier->flush();
+  int64_t readable = 0, lost = 0;
+  for (int32_t p = 0; p < static_cast<int32_t>(ev.pages(0).size()); ++p) {
+    if (ev.read(0, p, record)) {
+      ++readable;
+      EXPECT_NE(0, std::memcmp(record.data(), filler.data(), 16));  // never the other records' bytes
+    } else {
+      ++lost;
+      EXPECT_TRUE(ev.pages(0)[static_cast<size_t>(p)].lost);
+    }
+  }
+  EXPECT_EQ(readable + lost, 7);
+  EXPECT_GE(lost, 1);
+  EXPECT_EQ(ev.stats().pages_lost, lost);
+  ev.clear();
+  EXPECT_EQ(tier->stats().records, 0u);  // clear() (and the destructor) give the space back
+}
+
+INSTANTIATE_TEST_SUITE_P(TypesAndTiers, EvictedKvTest,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0),
+                                            ::testing::Values(std::string("host"), std::string("dir"))),
+                         [](const auto& info) {
+                           return std::string(kernels::kv_type_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
+                         });
+
+}  // namespace
+}  // namespace kvpack::kv
