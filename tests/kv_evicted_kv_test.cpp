@@ -248,6 +248,59 @@ TEST_P(EvictedKvTest, RefusedAndDroppedRecordsAreLostPagesNotWrongBytes) {
   EXPECT_EQ(tier->stats().records, 0u);  // clear() (and the destructor) give the space back
 }
 
+// The recall exchange at the KV level: a cold page's slots come back into the hot stream by
+// splice_stream, merged in position order, while as many kept slots go down; every slot then holds the
+// exact rows of its position, and a shared page before the first change is left untouched.
+TEST_P(EvictedKvTest, SpliceBringsSlotsBackInPositionOrderWithTheirOwnRows) {
+  PagePool pool(pool_config(std::get<0>(GetParam())));
+  auto tier = make_tier(pool, 64);
+  auto kv = random_sequence(pool, 1, 48, 6);
+  // The original rows by position, to check against at the end.
+  std::vector<int32_t> all(48);
+  for (int32_t j = 0; j < 48; ++j) all[static_cast<size_t>(j)] = j;
+  const auto original = slots_of(*kv, 0, all);
+  const PageId first_page = kv->page_table(0)[0];
+  pool.retain(first_page);  // another holder: the page is shared (read-only)
+  EvictedKv ev(*tier, pool, 4, 1);
+  std::vector<int32_t> keep;  // keep the first page whole, then every third slot
+  for (int32_t j = 0; j < 48; ++j)
+    if (j < kPage || j % 3 == 0) keep.push_back(j);
+  ev.add(*kv, 0, keep);
+  kv->compact_stream(0, keep);
+  ev.commit();
+  tier->flush();
+  // Bring the second cold page back, sending down the same number of kept slots from the end.
+  std::vector<uint8_t> record(pool.record_bytes());
+  ASSERT_TRUE(ev.read(0, 1, record));
+  const EvictedPage page = ev.pages(0)[1];
+  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * kPage;
+  std::vector<SequenceKv::InsertedSlot> insert;
+  for (int32_t j = 0; j < page.n_slots; ++j)
+    insert.push_back({record.data() + static_cast<size_t>(j) * pool.slot_bytes(),
+                      record.data() + pool.v_offset() + static_cast<size_t>(j) * pool.slot_bytes(),
+                      reinterpret_cast<const int32_t*>(record.data() + pos_off)[j]});
+  const int32_t n = kv->n_slots(0);
+  std::vector<int32_t> keep2;
+  for (int32_t j = 0; j < n - page.n_slots; ++j) keep2.push_back(j);
+  ev.add(*kv, 0, keep2);
+  ASSERT_TRUE(kv->splice_stream(0, keep2, insert));
+  ev.forget(0, 1);
+  ev.commit();
+  EXPECT_EQ(kv->n_slots(0), n);
+  EXPECT_EQ(kv->page_table(0)[0], first_page);  // untouched: the change starts after it
+  const size_t row = pool.slot_bytes();
+  for (int32_t j = 0; j < n; ++j) {
+    const int32_t pos = kv->position(0, j);
+    if (j > 0) EXPECT_LT(kv->position(0, j - 1), pos);
+    const SlotBytes& want = original[static_cast<size_t>(pos - 100)];  // random_sequence starts at 100
+    EXPECT_EQ(0, std::memcmp(kv->k_slot(0, j), want.k.data(), row)) << j;
+    EXPECT_EQ(0, std::memcmp(kv->v_slot(0, j), want.v.data(), row)) << j;
+  }
+  EXPECT_TRUE(ev.pages(0)[1].recalled);
+  EXPECT_FALSE(ev.read(0, 1, record));  // recalled pages are not recallable twice
+  pool.release(first_page);
+}
+
 INSTANTIATE_TEST_SUITE_P(TypesAndTiers, EvictedKvTest,
                          ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0),
                                             ::testing::Values(std::string("host"), std::string("dir"))),

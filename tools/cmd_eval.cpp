@@ -168,23 +168,35 @@ void add_tasks(CLI::App& eval) {
         nlohmann::json samples = nlohmann::json::array();
         for (const auto& s : r.samples)
           samples.push_back({{"seed", s.task.seed}, {"depth", s.task.depth}, {"prompt_tokens", s.task.prompt_tokens},
-                             {"answer", s.task.answer}, {"generated", s.generated}, {"correct", s.correct}});
+                             {"answer", s.task.answer}, {"generated", s.generated}, {"correct", s.correct},
+                             {"drift_max", s.recall.drift_max}, {"drift_first", s.recall.drift_first},
+                             {"pages_recalled", s.recall.pages_recalled}, {"cold_pages_read", s.recall.pages_read},
+                             {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written}});
         all.push_back({{"task", eval::task_name(k)}, {"n", r.n}, {"correct", r.correct}, {"accuracy", r.accuracy},
                        {"mean_prompt_tokens", r.mean_prompt_tokens}, {"peak_resident_kv_bytes", r.peak_resident_kv_bytes},
                        {"compression", stats_json(r.compression)}, {"samples", samples}});
         continue;
       }
       if (*verbose)
-        for (const auto& s : r.samples)
-          std::printf("  %s seed %llu depth %.2f: expected \"%s\" got \"%s\" %s\n", eval::task_name(k),
+        for (const auto& s : r.samples) {
+          std::printf("  %s seed %llu depth %.2f: expected \"%s\" got \"%s\" %s", eval::task_name(k),
                       static_cast<unsigned long long>(s.task.seed), s.task.depth, s.task.answer.c_str(), s.generated.c_str(),
                       s.correct ? "OK" : "wrong");
+          if (s.recall.checks > 0)
+            std::printf(" drift %.4f (max %.4f) pages recalled %lld", s.recall.drift_first, s.recall.drift_max,
+                        static_cast<long long>(s.recall.pages_recalled));
+          std::printf("\n");
+        }
       std::printf("%s: accuracy %.1f%% (%d/%d), mean prompt tokens %.1f, peak resident KV %zu bytes (%s)", eval::task_name(k),
                   100.0 * r.accuracy, r.correct, r.n, r.mean_prompt_tokens, r.peak_resident_kv_bytes,
                   format_bytes(r.peak_resident_kv_bytes).c_str());
       if (kv.enabled())
         std::printf(", compression events %lld, reclaim efficiency %.3f", static_cast<long long>(r.compression.events),
                     r.compression.reclaim_efficiency());
+      if (r.compression.recall.checks > 0)
+        std::printf(", recall: %.1f pages recalled / %.1f cold pages read / %.1f KiB read per request",
+                    static_cast<double>(r.compression.recall.pages_recalled) / r.n, static_cast<double>(r.compression.recall.pages_read) / r.n,
+                    static_cast<double>(r.compression.recall.bytes_read) / 1024.0 / r.n);
       std::printf("\n");
       std::fflush(stdout);
     }

@@ -38,6 +38,18 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_option("--kv-split", o.split, "Budget split across layers/heads")->check(CLI::IsMember({"uniform", "pyramid", "ada"}));
   cmd.add_flag("--kv-protect-prompt", o.protect_prompt, "Never evict prompt tokens");
   cmd.add_flag("--kv-naive", o.naive, "Demonstration: report the pages eviction without compaction would hold (it frees almost nothing)");
+  cmd.add_flag("--kv-recall", o.recall,
+               "Recall evicted pages from the cold tier (needs --kv-cold) when the latest queries may need them: after "
+               "prefill and every --kv-recall-every decode steps");
+  cmd.add_flag("--kv-drift", o.drift,
+               "Measure the drift estimate (attention share evicted keys could hold) at the recall checks without recalling "
+               "(needs --kv-cold)");
+  cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--kv-recall-pages", o.recall_pages, "Cold pages read per (layer, KV head) per recall check")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd.add_option("--kv-recall-share", o.recall_share,
+                 "A cold page is read and recalled when it could hold this share of the hot attention mass")
+      ->check(CLI::Range(1e-6, 1.0));
   cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`)")->check(CLI::ExistingFile);
 }
 
@@ -52,6 +64,11 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.protect_prompt = o.protect_prompt;
   c.naive = o.naive;
   c.calib_path = o.calib;
+  c.recall.enabled = o.recall || o.drift;
+  c.recall.bring_back = o.recall;
+  c.recall.every = o.recall_every;
+  c.recall.max_pages = o.recall_pages;
+  c.recall.min_share = o.recall_share;
   // Load the statistics first (when given) so that validate() sees them.
   if (compress::policy_needs_calibration(c.policy) && !o.calib.empty())
     engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));

@@ -34,6 +34,11 @@ struct KvOptions {
   bool protect_prompt = false;
   bool naive = false;
   std::string calib;
+  bool recall = false;
+  bool drift = false;
+  int32_t recall_every = 16;
+  int32_t recall_pages = 4;
+  float recall_share = 0.02f;
 };
 
 void add_model_options(CLI::App& cmd, ModelOptions& o);

@@ -18,6 +18,7 @@ void CompressionStats::add(const CompressionStats& o) {
   seconds += o.seconds;
   score_seconds += o.score_seconds;
   max_streams_slots = std::max(max_streams_slots, o.max_streams_slots);
+  recall.add(o.recall);
 }
 
 SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelConfig& model, const QueryStats* stats,
@@ -28,7 +29,9 @@ SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelCon
   cfg_.validate(model, stats);
   scorer_ = make_scorer(cfg_, mc_);
   needs_ = scorer_->needs();
-  queries_ = QueryWindow(mc_.n_layer, mc_.q_dim(), needs_.query_window);
+  const bool recall_on = cfg_.recall.enabled && !needs_.key_mass;  // H2O's mass is per slot: no splicing under it
+  queries_ = QueryWindow(mc_.n_layer, mc_.q_dim(), std::max(needs_.query_window, recall_on ? cfg_.recall.rows : 0));
+  if (recall_on) recall_ = Recall(cfg_.recall, mc_);
   if (needs_.key_mass) mass_ = KeyMass(n_streams_);
   scores_.resize(static_cast<size_t>(n_streams_));
 }
@@ -55,6 +58,35 @@ bool SequenceCompressor::after_step(kv::SequenceKv& kv, bool compress_now) {
   if (cfg_.naive) naive_peak_pages_ = std::max(naive_peak_pages_, accounted_pages(kv));
   if (compress_now) compress(kv);
   return compress_now;
+}
+
+int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
+  if (!cfg_.enabled() || !recall_.config().enabled || evicted_ == nullptr) return 0;
+  if (recomputing_) {
+    recomputing_ = false;
+    return 0;
+  }
+  const int64_t n = samples_++;
+  if (n != 0 && n % std::max(1, cfg_.recall.every) != 0) return 0;
+  prot_scratch_.resize(static_cast<size_t>(n_streams_));
+  for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
+  const int32_t rows = n == 0 ? cfg_.recall.prefill_rows : cfg_.recall.rows;
+  const int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
+  stats_.recall = recall_.stats();
+  if (got == 0) return 0;
+  // The newest tokens whose slots are the last ones of every stream, in order, up to the rows scored:
+  // those can be dropped and computed again over the recalled keys.
+  int32_t tail = std::min(rows, kv.next_pos());
+  for (int32_t s = 0; s < n_streams_ && tail > 0; ++s) {
+    const int32_t len = kv.n_slots(s);
+    int32_t ok = 0;
+    while (ok < tail && ok < len && kv.position(s, len - 1 - ok) == kv.next_pos() - 1 - ok) ++ok;
+    tail = ok;
+  }
+  if (tail == 0) return 0;
+  evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
+  recomputing_ = true;
+  return tail;
 }
 
 int64_t SequenceCompressor::accounted_pages(const kv::SequenceKv& kv) const {

@@ -21,6 +21,7 @@
 #include "compress/key_mass.h"
 #include "compress/naive_layout.h"
 #include "compress/query_window.h"
+#include "compress/recall.h"
 #include "compress/schedule.h"
 #include "compress/scorer.h"
 #include "kv/evicted_kv.h"
@@ -39,6 +40,7 @@ struct CompressionStats {
   double seconds = 0;          // scoring + selection + compaction
   double score_seconds = 0;
   int64_t max_streams_slots = 0;  // largest stream length seen at a compression event
+  RecallStats recall;             // recall checks and what they brought back (compress/recall.h)
   double reclaim_efficiency() const { return evicted_bytes ? static_cast<double>(freed_bytes) / evicted_bytes : 0.0; }
   void add(const CompressionStats& o);
 };
@@ -61,6 +63,13 @@ class SequenceCompressor : public ForwardObserver {
   bool after_step(kv::SequenceKv& kv, bool compress_now);
   // Compresses back to the budget now.
   void compress(kv::SequenceKv& kv);
+  // Call when the sequence is about to sample a token (its prefill is done). Runs a recall check when one
+  // is due — the first call (end of prefill, scoring the last recall.prefill_rows query rows), then every
+  // recall.every calls (the last recall.rows rows) — given recall is on and an evicted sink is set.
+  // Returns how many of the newest tokens the caller must drop (SequenceKv::truncate_tail) and compute
+  // again before sampling: their hidden states predate the keys recall brought back. 0: sample now. The
+  // call after a recompute runs no check (no ping-pong).
+  int32_t before_sample(kv::SequenceKv& kv);
   // Tokens that can still be appended before the next scheduled event fires (>= 1). Prefill loops clip
   // their chunks to it, so a sequence never holds more than budget + interval slots per stream (plus
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
@@ -105,6 +114,10 @@ class SequenceCompressor : public ForwardObserver {
   QueryWindow queries_;
   KeyMass mass_;
   NaiveLayout naive_;  // used only when cfg_.naive
+  Recall recall_;
+  int64_t samples_ = 0;  // before_sample calls so far (recomputes excluded)
+  bool recomputing_ = false;
+  std::vector<Protection> prot_scratch_;
   int64_t naive_peak_pages_ = 0;
   // Per-event scratch, kept between events to avoid reallocation.
   std::vector<std::vector<float>> scores_;

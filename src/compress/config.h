@@ -18,6 +18,17 @@ enum class PolicyKind { Full, Streaming, KNorm, TriAttention, SnapKV, RKV, TOVA,
 inline constexpr int kNumPolicies = 8;
 enum class BudgetSplit { Uniform, Pyramid, Ada };
 
+// Recall of evicted pages from the cold tier (compress/recall.h; needs --kv-cold). Off by default.
+struct RecallConfig {
+  bool enabled = false;
+  int32_t every = 16;       // decode steps between checks (and one check right after prefill)
+  int32_t prefill_rows = 32;  // query rows scored at the check after prefill (the question, typically)
+  int32_t rows = 1;         // query rows scored at the decode-time checks
+  int32_t max_pages = 4;    // cold pages read per stream per check
+  float min_share = 0.02f;  // a page is read / recalled when it could hold this share of the hot mass
+  bool bring_back = true;   // false: measure the drift only (pages are read, nothing is exchanged)
+};
+
 struct CompressConfig {
   PolicyKind policy = PolicyKind::Full;
   int32_t budget = 0;         // slots kept per stream (layer x KV head) after a compression event
@@ -29,6 +40,7 @@ struct CompressConfig {
   BudgetSplit split = BudgetSplit::Uniform;
   bool naive = false;         // demonstration: report the pages a non-compacting allocator would hold (NaiveLayout)
   std::string calib_path;     // TriAttention statistics (kvpack calibrate)
+  RecallConfig recall;
 
   bool enabled() const { return policy != PolicyKind::Full && budget > 0; }
   int32_t effective_window() const;

@@ -444,6 +444,23 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
       }
     }
     if (!prefill_done) continue;
+    // Recall (compress/recall.h): evicted pages that the latest queries may need come back before
+    // sampling. Right after prefill the logits predate them, so the last token is computed again.
+    if (s.comp) {
+      int32_t recompute = 0;
+      try {
+        recompute = s.comp->before_sample(*s.kv);
+      } catch (const std::exception& e) {
+        finish(&s, FinishReason::Error, std::string("recall failed: ") + e.what());
+        remove_running(&s);
+        continue;
+      }
+      if (recompute > 0) {
+        s.kv->truncate_tail(recompute);
+        s.n_computed -= recompute;
+        continue;
+      }
+    }
     // Sample the next token from this sequence's logits.
     float* lg = logits.data() + static_cast<size_t>(item.logits_row) * V;
     const int32_t next = s.sampler->sample(lg, s.tokens);

@@ -427,6 +427,8 @@ TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n
     s.generated = g.text;
     s.correct = score_answer(g.text, s.task.answer);
     s.peak_resident_kv_bytes = g.peak_resident_kv_bytes;
+    s.recall = g.compression.recall;
+    s.evicted = g.evicted;
     res.correct += s.correct ? 1 : 0;
     prompt_sum += static_cast<double>(req.prompt.size());
     res.peak_resident_kv_bytes = std::max(res.peak_resident_kv_bytes, g.peak_resident_kv_bytes);

@@ -114,6 +114,8 @@ struct TaskSample {
   std::string generated;
   bool correct = false;
   size_t peak_resident_kv_bytes = 0;
+  compress::RecallStats recall;  // recall checks of this sample (drift estimate, pages recalled)
+  kv::EvictedStats evicted;      // evicted slots kept in the cold tier
 };
 
 struct TaskResult {

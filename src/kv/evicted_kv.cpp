@@ -155,6 +155,21 @@ bool EvictedKv::read(int32_t stream, int32_t page, std::span<uint8_t> out) {
   return true;
 }
 
+void EvictedKv::forget(int32_t stream, int32_t page) {
+  EvictedPage& p = streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(page)];
+  if (!p.lost) tier_->erase(p.key);
+  p.lost = true;
+  p.recalled = true;
+}
+
+void EvictedKv::forget_from(int32_t pos) {
+  for (size_t s = 0; s < streams_.size(); ++s)
+    for (size_t p = 0; p < streams_[s].pages.size(); ++p) {
+      const EvictedPage& page = streams_[s].pages[p];
+      if (!page.recalled && page.n_slots > 0 && page.last_pos >= pos) forget(static_cast<int32_t>(s), static_cast<int32_t>(p));
+    }
+}
+
 void EvictedKv::clear() {
   for (Stream& s : streams_) {
     for (const EvictedPage& p : s.pages)

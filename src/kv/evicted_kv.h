@@ -36,6 +36,7 @@ struct EvictedPage {
   int32_t first_pos = 0;  // positions of its first and last slot
   int32_t last_pos = 0;
   bool lost = false;      // the tier refused or dropped it: not recallable
+  bool recalled = false;  // brought back into the hot set (record erased; also counts as not recallable)
 };
 
 struct EvictedStats {
@@ -73,6 +74,10 @@ class EvictedKv {
   // Reads the record of a cold page (pool().record_bytes() bytes) into `out`; false when the tier no
   // longer has it (the page is then marked lost).
   bool read(int32_t stream, int32_t page, std::span<uint8_t> out);
+  // The page's slots are hot again (recall): its record leaves the tier and it is no longer recallable.
+  void forget(int32_t stream, int32_t page);
+  // Forgets every page holding a position >= pos (those tokens are being computed again).
+  void forget_from(int32_t pos);
 
   const EvictedStats& stats() const { return stats_; }
   // Erases every record and forgets every page (the sequence's KV is being rebuilt or dropped).

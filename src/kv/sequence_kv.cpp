@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 namespace kvpack::kv {
 
@@ -173,6 +174,73 @@ int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep
   }
   shrink_to(s, static_cast<int32_t>(keep.size()));
   return pages_before - static_cast<int64_t>(s.pages.size());
+}
+
+bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, std::span<const InsertedSlot> insert) {
+  auto& s = streams_[static_cast<size_t>(stream)];
+  const int32_t ps = pool_->config().page_size;
+  const size_t row = pool_->slot_bytes();
+  const size_t voff = pool_->v_offset();
+  const int32_t n_new = static_cast<int32_t>(keep.size() + insert.size());
+  const size_t pages_new = (static_cast<size_t>(n_new) + ps - 1) / ps;
+  if (pages_new > s.pages.size() && static_cast<int64_t>(pages_new - s.pages.size()) > pool_->free_pages()) return false;
+  // The merged order: kept slots stay in order, inserted ones go before the first kept slot with a
+  // larger position. Slots [0, first) are unchanged.
+  struct Source {
+    int32_t kept;  // >= 0: a kept slot index; -1: insert[ins]
+    int32_t ins;
+  };
+  std::vector<Source> order;
+  order.reserve(static_cast<size_t>(n_new));
+  size_t i = 0, j = 0;
+  while (i < keep.size() || j < insert.size()) {
+    const bool take_insert = j < insert.size() && (i == keep.size() || insert[j].pos < position(stream, keep[i]));
+    if (take_insert) order.push_back({-1, static_cast<int32_t>(j++)});
+    else order.push_back({keep[i++], -1});
+  }
+  int32_t first = 0;
+  while (first < n_new && order[static_cast<size_t>(first)].kept == first) ++first;
+  // Copy the changed tail out first: sources and destinations overlap in both directions.
+  const size_t tail = static_cast<size_t>(n_new - first);
+  std::vector<uint8_t> k(tail * row), v(tail * row);
+  std::vector<int32_t> pos(tail);
+  for (size_t t = 0; t < tail; ++t) {
+    const Source& src = order[static_cast<size_t>(first) + t];
+    if (src.kept >= 0) {
+      std::memcpy(k.data() + t * row, k_slot(stream, src.kept), row);
+      std::memcpy(v.data() + t * row, v_slot(stream, src.kept), row);
+      pos[t] = position(stream, src.kept);
+    } else {
+      const InsertedSlot& in = insert[static_cast<size_t>(src.ins)];
+      std::memcpy(k.data() + t * row, in.k, row);
+      std::memcpy(v.data() + t * row, in.v, row);
+      pos[t] = in.pos;
+    }
+  }
+  while (s.pages.size() < pages_new) {
+    const PageId p = pool_->allocate();
+    if (p == kNoPage) {
+      shrink_to(s, s.n_slots);  // memory refused after the check: give the new pages back, unchanged
+      return false;
+    }
+    s.pages.push_back(p);
+    s.page_ptrs.push_back(pool_->data(p));
+  }
+  size_t private_page = SIZE_MAX;
+  for (size_t t = 0; t < tail; ++t) {
+    const int32_t dst = first + static_cast<int32_t>(t);
+    const size_t dpage = static_cast<size_t>(dst / ps);
+    if (dpage != private_page) {
+      if (!make_private(s, dpage)) throw std::runtime_error("KV pool exhausted while un-sharing a page for recall");
+      private_page = dpage;
+    }
+    uint8_t* dp = pool_->data(s.pages[dpage]) + static_cast<size_t>(dst % ps) * row;
+    std::memcpy(dp, k.data() + t * row, row);
+    std::memcpy(dp + voff, v.data() + t * row, row);
+    pool_->positions(s.pages[dpage])[dst % ps] = pos[t];
+  }
+  shrink_to(s, n_new);
+  return true;
 }
 
 void SequenceKv::attach_shared_block(std::span<const PageId> pages_per_stream, int32_t pos0) {

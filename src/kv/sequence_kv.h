@@ -58,6 +58,19 @@ class SequenceKv {
   // Pages shared with others (refcount > 1) are never written: the first shared page that would be
   // modified is copied first (copy-on-write). Returns the number of pages freed.
   int64_t compact_stream(int32_t stream, std::span<const int32_t> keep);
+  // Recall support: one slot brought back from elsewhere (the cold tier), its K and V rows in this pool's
+  // row format and its original position.
+  struct InsertedSlot {
+    const uint8_t* k;
+    const uint8_t* v;
+    int32_t pos;
+  };
+  // Rebuilds one stream as the slots in `keep` (strictly increasing) plus `insert`, merged in position
+  // order (insert sorted by position, no position shared with a kept slot). Slots before the first
+  // change stay where they are (shared pages are copied before any write, as in compact_stream); the
+  // stream may grow (new pages from the pool) or shrink (emptied pages return). False, with the stream
+  // unchanged, when the pool cannot supply the pages.
+  bool splice_stream(int32_t stream, std::span<const int32_t> keep, std::span<const InsertedSlot> insert);
   // Prefix sharing: appends one full page of `page_size` tokens to every stream by referencing
   // existing pages (pages_per_stream[stream], e.g. from the prefix cache) instead of computing them.
   // Every stream must be at a page boundary. Retains each page (it is read-only while shared).

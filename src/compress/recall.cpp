@@ -1,0 +1,254 @@
+#include "compress/recall.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "kernels/key_scoring.h"
+
+namespace kvpack::compress {
+
+namespace {
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+void RecallStats::add(const RecallStats& o) {
+  checks += o.checks;
+  pages_bounded += o.pages_bounded;
+  pages_read += o.pages_read;
+  pages_recalled += o.pages_recalled;
+  slots_recalled += o.slots_recalled;
+  read_misses += o.read_misses;
+  bytes_read += o.bytes_read;
+  seconds += o.seconds;
+  drift_last = o.checks > 0 ? o.drift_last : drift_last;
+  drift_max = std::max(drift_max, o.drift_max);
+  if (drift_first < 0) drift_first = o.drift_first;
+}
+
+Recall::Recall(const RecallConfig& cfg, const ModelConfig& model)
+    : cfg_(cfg), mc_(model), layer_queries_(static_cast<size_t>(model.n_layer)),
+      work_(static_cast<size_t>(model.n_layer) * model.n_head_kv) {}
+
+void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const {
+  const int32_t hd = mc_.head_dim, group = mc_.group();
+  const int32_t layer = s / mc_.n_head_kv, kv_head = s % mc_.n_head_kv;
+  const std::vector<float>& rows = layer_queries_[static_cast<size_t>(layer)];
+  const int32_t n_rows = static_cast<int32_t>(rows.size() / static_cast<size_t>(mc_.q_dim()));
+  const int32_t nq = n_rows * group;  // query vectors: row-major (row, head of the group)
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  w.q.resize(static_cast<size_t>(nq) * hd);
+  for (int32_t r = 0; r < n_rows; ++r)
+    for (int32_t g = 0; g < group; ++g) {
+      const float* src = rows.data() + static_cast<size_t>(r) * mc_.q_dim() + static_cast<size_t>(kv_head * group + g) * hd;
+      float* dst = w.q.data() + static_cast<size_t>(r * group + g) * hd;
+      for (int32_t i = 0; i < hd; ++i) dst[i] = src[i] * scale;
+    }
+  // Hot logits, per query vector; their log-sum-exp and each slot's best.
+  const kernels::KvStreamView view = kv.view(s);
+  const int32_t n = view.n_slots;
+  std::vector<float> logits(static_cast<size_t>(group) * n);
+  w.lse.assign(static_cast<size_t>(nq), kNegInf);
+  w.slot_max.assign(static_cast<size_t>(n), kNegInf);
+  for (int32_t r = 0; r < n_rows; ++r) {
+    kernels::group_logits(view, w.q.data() + static_cast<size_t>(r * group) * hd, group, 1.0f, logits.data());
+    for (int32_t g = 0; g < group; ++g) {
+      const float* l = logits.data() + static_cast<size_t>(g) * n;
+      float m = kNegInf;
+      for (int32_t j = 0; j < n; ++j) m = std::max(m, l[j]);
+      double sum = 0;
+      for (int32_t j = 0; j < n; ++j) {
+        sum += std::exp(static_cast<double>(l[j] - m));
+        w.slot_max[static_cast<size_t>(j)] = std::max(w.slot_max[static_cast<size_t>(j)], l[j]);
+      }
+      w.lse[static_cast<size_t>(r * group + g)] = m + static_cast<float>(std::log(sum));
+    }
+  }
+  // Cold bounds: log of the bounded share of each page against the hot mass, worst query vector.
+  const auto pages = cold.pages(s);
+  w.bound.assign(pages.size(), kNegInf);
+  std::vector<double> share_sum(static_cast<size_t>(nq), 0.0);
+  for (size_t p = 0; p < pages.size(); ++p) {
+    if (pages[p].lost || pages[p].n_slots == 0) continue;
+    const auto d = cold.digest(s, static_cast<int32_t>(p));
+    const float log_n = std::log(static_cast<float>(pages[p].n_slots));
+    for (int32_t v = 0; v < nq; ++v) {
+      const float* q = w.q.data() + static_cast<size_t>(v) * hd;
+      float b = 0;
+      for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
+      const float log_share = b + log_n - w.lse[static_cast<size_t>(v)];
+      w.bound[p] = std::max(w.bound[p], log_share);
+      share_sum[static_cast<size_t>(v)] += std::exp(std::min(80.0, static_cast<double>(log_share)));
+    }
+  }
+  w.bounded_share = 0;
+  for (double x : share_sum) w.bounded_share = std::max(w.bounded_share, x);
+  w.order.resize(pages.size());
+  std::iota(w.order.begin(), w.order.end(), 0);
+  std::sort(w.order.begin(), w.order.end(), [&](int32_t a, int32_t b) {
+    return w.bound[static_cast<size_t>(a)] > w.bound[static_cast<size_t>(b)] || (w.bound[static_cast<size_t>(a)] == w.bound[static_cast<size_t>(b)] && a < b);
+  });
+}
+
+double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w) {
+  const int32_t hd = mc_.head_dim;
+  const int32_t nq = static_cast<int32_t>(w.lse.size());
+  const auto& pool = kv.pool();
+  const size_t row = pool.slot_bytes();
+  const size_t voff = pool.v_offset();
+  const int32_t ps = pool.config().page_size;
+  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * static_cast<size_t>(ps);
+  stats_.pages_bounded += static_cast<int64_t>(cold.pages(s).size());
+
+  // Exact shares replace the bounds of the pages read. Per query vector: E = sum of shares.
+  std::vector<double> exact_sum(static_cast<size_t>(nq), 0.0), bound_of_read(static_cast<size_t>(nq), 0.0);
+  struct Candidate {
+    int32_t page;
+    float best;                        // the page's best slot logit (max over query vectors)
+    std::vector<uint8_t> record;
+  };
+  std::vector<Candidate> recall;
+  std::vector<float> k(static_cast<size_t>(hd));
+  const float threshold = std::log(cfg_.min_share);
+  int32_t reads = 0;
+  for (int32_t p : w.order) {
+    if (reads >= cfg_.max_pages || w.bound[static_cast<size_t>(p)] < threshold) break;
+    const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
+    record_.resize(pool.record_bytes());
+    ++reads;
+    if (!cold.read(s, p, record_)) {
+      ++stats_.read_misses;
+      continue;
+    }
+    ++stats_.pages_read;
+    stats_.bytes_read += record_.size();
+    const auto d = cold.digest(s, p);
+    float best = kNegInf;
+    double page_max_share = 0;
+    for (int32_t v = 0; v < nq; ++v) {
+      const float* q = w.q.data() + static_cast<size_t>(v) * hd;
+      double share = 0;
+      for (int32_t j = 0; j < page.n_slots; ++j) {
+        kernels::kv_decode_row(record_.data() + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data());
+        float dot = 0;
+        for (int32_t i = 0; i < hd; ++i) dot += q[i] * k[static_cast<size_t>(i)];
+        best = std::max(best, dot);
+        share += std::exp(std::min(80.0, static_cast<double>(dot - w.lse[static_cast<size_t>(v)])));
+      }
+      exact_sum[static_cast<size_t>(v)] += share;
+      page_max_share = std::max(page_max_share, share);
+      float b = 0;
+      for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
+      bound_of_read[static_cast<size_t>(v)] +=
+          std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
+    }
+    if (page_max_share >= cfg_.min_share) recall.push_back({p, best, record_});
+  }
+  // Drift of this stream: the bounded total with the pages read replaced by their exact share.
+  double drift = 0;
+  {
+    // Recompute the per-vector bounded sums (score_stream kept only the worst one).
+    std::vector<double> total(static_cast<size_t>(nq), 0.0);
+    const auto pages = cold.pages(s);
+    for (size_t p = 0; p < pages.size(); ++p) {
+      if (pages[p].lost || pages[p].n_slots == 0) continue;
+      const auto d = cold.digest(s, static_cast<int32_t>(p));
+      for (int32_t v = 0; v < nq; ++v) {
+        const float* q = w.q.data() + static_cast<size_t>(v) * hd;
+        float b = 0;
+        for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
+        total[static_cast<size_t>(v)] +=
+            std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(pages[p].n_slots)) - w.lse[static_cast<size_t>(v)])));
+      }
+    }
+    for (int32_t v = 0; v < nq; ++v) {
+      const double e = std::max(0.0, total[static_cast<size_t>(v)] - bound_of_read[static_cast<size_t>(v)]) + exact_sum[static_cast<size_t>(v)];
+      drift = std::max(drift, e / (1.0 + e));
+    }
+  }
+  if (recall.empty() || !cfg_.bring_back) return drift;
+
+  // The exchange: the lowest-scoring unprotected hot slots go down, as many as the recalled pages hold,
+  // as long as each recalled page's best slot beats the victims'.
+  const int32_t n = kv.n_slots(s);
+  std::vector<int32_t> eligible;
+  // Never the slots of the query rows scored (they may be recomputed: SequenceCompressor::before_sample),
+  // whatever the window says.
+  const int32_t tail_pos = kv.next_pos() - keep_tail_;
+  for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j)
+    if (kv.position(s, j) < tail_pos && (prot.prompt_end == 0 || kv.position(s, j) >= prot.prompt_end)) eligible.push_back(j);
+  std::sort(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) {
+    return w.slot_max[static_cast<size_t>(a)] < w.slot_max[static_cast<size_t>(b)] || (w.slot_max[static_cast<size_t>(a)] == w.slot_max[static_cast<size_t>(b)] && a < b);
+  });
+  std::sort(recall.begin(), recall.end(), [](const Candidate& a, const Candidate& b) { return a.best > b.best; });
+  std::vector<int32_t> victims;
+  std::vector<kv::SequenceKv::InsertedSlot> inserted;
+  std::vector<int32_t> recalled_pages;
+  size_t next_victim = 0;
+  for (const Candidate& c : recall) {
+    const int32_t need = cold.pages(s)[static_cast<size_t>(c.page)].n_slots;
+    if (next_victim + static_cast<size_t>(need) > eligible.size()) break;
+    // The page must beat the best of the slots it would displace.
+    if (w.slot_max[static_cast<size_t>(eligible[next_victim + static_cast<size_t>(need) - 1])] >= c.best) continue;
+    for (int32_t j = 0; j < need; ++j) victims.push_back(eligible[next_victim++]);
+    const auto* pos = reinterpret_cast<const int32_t*>(c.record.data() + pos_off);
+    for (int32_t j = 0; j < need; ++j)
+      inserted.push_back({c.record.data() + static_cast<size_t>(j) * row, c.record.data() + voff + static_cast<size_t>(j) * row, pos[j]});
+    recalled_pages.push_back(c.page);
+  }
+  if (inserted.empty()) return drift;
+  std::sort(victims.begin(), victims.end());
+  std::sort(inserted.begin(), inserted.end(), [](const auto& a, const auto& b) { return a.pos < b.pos; });
+  std::vector<int32_t> keep;
+  keep.reserve(static_cast<size_t>(n));
+  size_t vi = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    if (vi < victims.size() && victims[vi] == j) {
+      ++vi;
+      continue;
+    }
+    keep.push_back(j);
+  }
+  cold.add(kv, s, keep);  // the displaced slots go down before the stream is rebuilt
+  if (!kv.splice_stream(s, keep, inserted)) return drift;  // no page for it: unchanged (victims stay staged: harmless copies)
+  for (int32_t p : recalled_pages) cold.forget(s, p);
+  stats_.pages_recalled += static_cast<int64_t>(recalled_pages.size());
+  stats_.slots_recalled += static_cast<int64_t>(inserted.size());
+  return drift;
+}
+
+int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
+                    int32_t rows_wanted, ThreadPool* pool) {
+  const double t0 = now_s();
+  const int64_t before = stats_.slots_recalled;
+  for (int32_t l = 0; l < mc_.n_layer; ++l) {
+    std::vector<float>& rows = layer_queries_[static_cast<size_t>(l)];
+    queries.recent(l, rows);
+    const size_t want = static_cast<size_t>(std::min(rows_wanted, queries.count())) * mc_.q_dim();
+    if (rows.size() > want) rows.erase(rows.begin(), rows.end() - static_cast<std::ptrdiff_t>(want));  // the latest
+  }
+  const int32_t n_streams = static_cast<int32_t>(work_.size());
+  if (queries.count() == 0) return 0;
+  auto score = [&](int task, int) { score_stream(kv, cold, task, work_[static_cast<size_t>(task)]); };
+  if (pool != nullptr) {
+    pool->run(n_streams, score);
+  } else {
+    for (int32_t s = 0; s < n_streams; ++s) score(s, 0);
+  }
+  double drift_sum = 0;
+  keep_tail_ = std::max(1, std::min(rows_wanted, queries.count()));
+  for (int32_t s = 0; s < n_streams; ++s)
+    drift_sum += settle_stream(kv, cold, s, prot[static_cast<size_t>(s)], work_[static_cast<size_t>(s)]);
+  cold.commit();
+  ++stats_.checks;
+  stats_.drift_last = n_streams > 0 ? drift_sum / n_streams : 0.0;
+  stats_.drift_max = std::max(stats_.drift_max, stats_.drift_last);
+  if (stats_.drift_first < 0) stats_.drift_first = stats_.drift_last;
+  stats_.seconds += now_s() - t0;
+  return stats_.slots_recalled - before;
+}
+
+}  // namespace kvpack::compress

@@ -1,0 +1,92 @@
+// Recall of evicted pages, and the drift estimate (what evicted keys could still weigh).
+//
+// After prefill and every `every` decode steps, for every stream (layer x KV head) and the latest query
+// rows of its GQA group (post-RoPE, from the compressor's QueryWindow):
+//   1. hot: the exact logits s_j = q.k_j / sqrt(d) of the hot slots, their log-sum-exp L(q) per query
+//      row and head, and each slot's score max over rows and heads (the victim order);
+//   2. cold: each cold page's bound B_p(q) = sum_i max(q_i min_i, q_i max_i) / sqrt(d) from its digest
+//      (kv/evicted_kv.h; Quest's bound), so exp(B_p - L) * n_p bounds the page's attention mass relative
+//      to the hot set's;
+//   3. recall: pages in decreasing bound whose bounded share exceeds `min_share` are read (at most
+//      `max_pages` per stream); their exact share is measured, and a page whose exact share reaches
+//      `min_share` and whose best slot beats the worst unprotected hot slot comes back, that many
+//      lowest-scoring unprotected hot slots going down to the cold tier in its place (the hot length is
+//      unchanged; token order is kept: kv::SequenceKv::splice_stream merges by position);
+//   4. drift: for each query row and head, D = E / (H + E), with H = 1 (hot mass relative to itself) and
+//      E the evicted mass relative to it — exact for the pages read, the digest bound for the others; a
+//      stream's drift is the largest D over its rows and heads, a check's the mean over streams. The
+//      bound makes it conservative: unread pages count as if their keys sat at the digest corner.
+// No attention probabilities are needed from the kernels; the hot logits are recomputed for the latest
+// query rows only (rows x group x hot slots x head_dim multiply-adds per stream and check).
+//
+// Thread-safety: one per sequence (used by its compressor). The hot scoring and the digest bounds run
+// in parallel over streams on the given pool (read-only); reads from the tier and the exchanges run on
+// the caller.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "compress/config.h"
+#include "compress/query_window.h"
+#include "compress/selection.h"
+#include "kv/evicted_kv.h"
+#include "kv/sequence_kv.h"
+#include "model/model.h"
+#include "util/thread_pool.h"
+
+namespace kvpack::compress {
+
+
+struct RecallStats {
+  int64_t checks = 0;
+  int64_t pages_bounded = 0;   // cold pages whose digest was scored
+  int64_t pages_read = 0;      // read from the tier to measure them exactly
+  int64_t pages_recalled = 0;  // brought back into the hot set
+  int64_t slots_recalled = 0;  // slots they held (= hot slots sent down in exchange)
+  int64_t read_misses = 0;     // pages the tier no longer had
+  uint64_t bytes_read = 0;
+  double seconds = 0;
+  double drift_last = 0;       // the latest check's drift (mean over streams)
+  double drift_max = 0;        // the largest over checks
+  double drift_first = -1;     // the first check's (end of prefill: before the answer); -1 = no check
+  void add(const RecallStats& o);
+};
+
+class Recall {
+ public:
+  Recall() = default;
+  Recall(const RecallConfig& cfg, const ModelConfig& model);
+
+  const RecallConfig& config() const { return cfg_; }
+  // One check over every stream; returns the slots recalled (0: the hot set is unchanged). `prot[s]` is
+  // stream s's protection. Evicted slots of the exchange are staged and committed in `cold`.
+  // `rows`: the latest query rows to score (at most the window's). Slots of the last `rows` positions
+  // are never sent down (the caller may recompute them, see SequenceCompressor::before_sample).
+  int64_t run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
+              int32_t rows, ThreadPool* pool);
+  const RecallStats& stats() const { return stats_; }
+
+ private:
+  // Per stream: the scaled query rows of its group, hot results and cold candidates.
+  struct StreamWork {
+    std::vector<float> q;         // [rows * group][head_dim], pre-scaled by 1/sqrt(d)
+    std::vector<float> lse;       // per query row x head: log-sum-exp of the hot logits
+    std::vector<float> slot_max;  // per hot slot: its logit, max over rows and heads
+    std::vector<float> bound;     // per cold page: max over rows and heads of B_p - L (log share bound)
+    std::vector<int32_t> order;   // cold pages by decreasing bound
+    double bounded_share = 0;     // worst row/head: sum over cold pages of the bounded shares
+  };
+  void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
+  // Reads, measures and exchanges for one stream; returns its drift and adds to stats_.
+  double settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w);
+
+  RecallConfig cfg_;
+  ModelConfig mc_;
+  RecallStats stats_;
+  std::vector<std::vector<float>> layer_queries_;  // [layer] recent rows, oldest first
+  std::vector<StreamWork> work_;
+  std::vector<uint8_t> record_;                    // one cold page
+  int32_t keep_tail_ = 1;                          // this check: positions >= next_pos - keep_tail_ stay hot
+};
+
+}  // namespace kvpack::compress
