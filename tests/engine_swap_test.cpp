@@ -215,6 +215,42 @@ TEST_F(SwapTest, EvictedTokensGoToTheTierWithoutChangingTheOutput) {
   }
 }
 
+// The drift guard at its most sensitive: the first check escalates, then falls back to full KV — every
+// cold page back in the hot set, no more compression — so the request ends holding every token, as a
+// full-KV run does, and says so in its stats.
+TEST_F(SwapTest, TheDriftGuardFallsBackToFullKvWithEveryTokenHot) {
+  for (const std::string& cold : {std::string("host:64M")}) {
+    Request r = request(kPrompts[2], 100, compress::PolicyKind::KNorm);
+    r.kv.recall.enabled = true;
+    r.kv.recall.guard = 1e-6f;
+    Engine e(*model_, tight_engine(cold));
+    SchedulerOptions so;
+    so.max_running = 1;
+    so.prefix_cache = false;
+    Scheduler sched(e, so);
+    // A long prompt, so that prefill compresses before the first check.
+    std::string prompt;
+    for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+    r.prompt = model_->tokenizer().encode(prompt, true);
+    std::map<uint64_t, Outcome> out;
+    const uint64_t id = submit(sched, r, out);
+    run(sched, out);
+    const RequestStats& st = out[id].stats;
+    EXPECT_GT(st.compression.evicted_slots, 0);
+    EXPECT_EQ(st.compression.recall.guard_escalations, 1);
+    EXPECT_EQ(st.compression.recall.guard_fallbacks, 1);
+    EXPECT_EQ(st.compression.recall.fallback_pages_lost, 0);
+    Request plain = r;
+    plain.kv = compress::CompressConfig{};
+    Engine e2(*model_, tight_engine(""));
+    Scheduler sched2(e2, so);
+    std::map<uint64_t, Outcome> out2;
+    const uint64_t id2 = submit(sched2, plain, out2);
+    run(sched2, out2);
+    EXPECT_EQ(st.kv_pages_in_use, out2[id2].stats.kv_pages_in_use);  // every token hot again
+  }
+}
+
 TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {
   // Room for a few pages only: most swap-outs fail and recompute instead (full KV recomputes exactly).
   Engine engine(*model_, tight_engine("host:" + std::to_string(8 * 1088)));

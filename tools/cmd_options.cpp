@@ -44,6 +44,10 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_flag("--kv-drift", o.drift,
                "Measure the drift estimate (attention share evicted keys could hold) at the recall checks without recalling "
                "(needs --kv-cold)");
+  cmd.add_option("--kv-guard", o.guard,
+                 "Drift guard (with --kv-recall): above this drift estimate a check reads every cold page, and if the estimate "
+                 "stays above, the request falls back to full KV (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
   cmd.add_option("--kv-recall-pages", o.recall_pages, "Cold pages read per (layer, KV head) per recall check")
       ->check(CLI::Range(1, 1 << 16));
@@ -69,6 +73,7 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.recall.every = o.recall_every;
   c.recall.max_pages = o.recall_pages;
   c.recall.min_share = o.recall_share;
+  c.recall.guard = o.guard;
   // Load the statistics first (when given) so that validate() sees them.
   if (compress::policy_needs_calibration(c.policy) && !o.calib.empty())
     engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));

@@ -39,6 +39,7 @@ struct KvOptions {
   int32_t recall_every = 16;
   int32_t recall_pages = 4;
   float recall_share = 0.02f;
+  float guard = 0.0f;
 };
 
 void add_model_options(CLI::App& cmd, ModelOptions& o);

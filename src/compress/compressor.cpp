@@ -55,6 +55,7 @@ bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
 }
 
 bool SequenceCompressor::after_step(kv::SequenceKv& kv, bool compress_now) {
+  if (fallen_back_) return false;  // the drift guard gave this request its full KV back
   if (cfg_.naive) naive_peak_pages_ = std::max(naive_peak_pages_, accounted_pages(kv));
   if (compress_now) compress(kv);
   return compress_now;
@@ -71,7 +72,21 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   prot_scratch_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
   const int32_t rows = n == 0 ? cfg_.recall.prefill_rows : cfg_.recall.rows;
-  const int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
+  int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
+  const float guard = cfg_.recall.guard;
+  if (guard > 0 && recall_.stats().drift_last > guard) {
+    // Recall more: every cold page whose bound passes is read and measured exactly.
+    ++recall_.mutable_stats().guard_escalations;
+    recall_.set_read_all(true);
+    got += recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
+    recall_.set_read_all(false);
+    if (recall_.stats().drift_last > guard) {  // still above: full KV for this request
+      bool complete = false;
+      got += recall_.restore_all(kv, *evicted_, complete);
+      ++recall_.mutable_stats().guard_fallbacks;
+      fallen_back_ = true;
+    }
+  }
   stats_.recall = recall_.stats();
   if (got == 0) return 0;
   // The newest tokens whose slots are the last ones of every stream, in order, up to the rows scored:

@@ -117,6 +117,7 @@ class SequenceCompressor : public ForwardObserver {
   Recall recall_;
   int64_t samples_ = 0;  // before_sample calls so far (recomputes excluded)
   bool recomputing_ = false;
+  bool fallen_back_ = false;  // the drift guard restored full KV: no more compression
   std::vector<Protection> prot_scratch_;
   int64_t naive_peak_pages_ = 0;
   // Per-event scratch, kept between events to avoid reallocation.

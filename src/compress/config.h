@@ -27,6 +27,10 @@ struct RecallConfig {
   int32_t max_pages = 4;    // cold pages read per stream per check
   float min_share = 0.02f;  // a page is read / recalled when it could hold this share of the hot mass
   bool bring_back = true;   // false: measure the drift only (pages are read, nothing is exchanged)
+  // Drift guard (0 = off): a check whose drift estimate exceeds it is repeated reading every cold page;
+  // if the estimate is still above, the request falls back to full KV (every cold page back, no more
+  // compression for it).
+  float guard = 0.0f;
 };
 
 struct CompressConfig {

@@ -27,6 +27,9 @@ void RecallStats::add(const RecallStats& o) {
   drift_last = o.checks > 0 ? o.drift_last : drift_last;
   drift_max = std::max(drift_max, o.drift_max);
   if (drift_first < 0) drift_first = o.drift_first;
+  guard_escalations += o.guard_escalations;
+  guard_fallbacks += o.guard_fallbacks;
+  fallback_pages_lost += o.fallback_pages_lost;
 }
 
 Recall::Recall(const RecallConfig& cfg, const ModelConfig& model)
@@ -115,7 +118,7 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   const float threshold = std::log(cfg_.min_share);
   int32_t reads = 0;
   for (int32_t p : w.order) {
-    if (reads >= cfg_.max_pages || w.bound[static_cast<size_t>(p)] < threshold) break;
+    if ((!read_all_ && reads >= cfg_.max_pages) || w.bound[static_cast<size_t>(p)] < threshold) break;
     const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
     record_.resize(pool.record_bytes());
     ++reads;
@@ -218,6 +221,51 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   stats_.pages_recalled += static_cast<int64_t>(recalled_pages.size());
   stats_.slots_recalled += static_cast<int64_t>(inserted.size());
   return drift;
+}
+
+int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& complete) {
+  complete = true;
+  const auto& pool = kv.pool();
+  const size_t row = pool.slot_bytes();
+  const size_t voff = pool.v_offset();
+  const int32_t ps = pool.config().page_size;
+  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * static_cast<size_t>(ps);
+  int64_t restored = 0;
+  std::vector<uint8_t> records;
+  std::vector<kv::SequenceKv::InsertedSlot> insert;
+  std::vector<int32_t> keep, pages;
+  for (int32_t s = 0; s < cold.n_streams(); ++s) {
+    const auto list = cold.pages(s);
+    pages.clear();
+    for (size_t p = 0; p < list.size(); ++p)
+      if (!list[p].recalled) pages.push_back(static_cast<int32_t>(p));
+    if (pages.empty()) continue;
+    records.resize(pages.size() * pool.record_bytes());
+    insert.clear();
+    std::vector<int32_t> got;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      std::span<uint8_t> rec(records.data() + i * pool.record_bytes(), pool.record_bytes());
+      if (!cold.read(s, pages[i], rec)) {
+        ++stats_.fallback_pages_lost;
+        complete = false;
+        continue;
+      }
+      got.push_back(pages[i]);
+      const auto* pos = reinterpret_cast<const int32_t*>(rec.data() + pos_off);
+      for (int32_t j = 0; j < list[static_cast<size_t>(pages[i])].n_slots; ++j)
+        insert.push_back({rec.data() + static_cast<size_t>(j) * row, rec.data() + voff + static_cast<size_t>(j) * row, pos[j]});
+    }
+    std::sort(insert.begin(), insert.end(), [](const auto& a, const auto& b) { return a.pos < b.pos; });
+    keep.resize(static_cast<size_t>(kv.n_slots(s)));
+    std::iota(keep.begin(), keep.end(), 0);
+    if (!kv.splice_stream(s, keep, insert)) {  // the pool has no room: stays compressed
+      complete = false;
+      continue;
+    }
+    for (int32_t p : got) cold.forget(s, p);
+    restored += static_cast<int64_t>(insert.size());
+  }
+  return restored;
 }
 
 int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,

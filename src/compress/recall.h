@@ -49,6 +49,9 @@ struct RecallStats {
   double drift_last = 0;       // the latest check's drift (mean over streams)
   double drift_max = 0;        // the largest over checks
   double drift_first = -1;     // the first check's (end of prefill: before the answer); -1 = no check
+  int64_t guard_escalations = 0;  // checks repeated over every cold page (drift above the guard)
+  int64_t guard_fallbacks = 0;    // requests that went back to full KV
+  int64_t fallback_pages_lost = 0;  // cold pages a fallback could not bring back (dropped by the tier)
   void add(const RecallStats& o);
 };
 
@@ -65,6 +68,12 @@ class Recall {
   int64_t run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
               int32_t rows, ThreadPool* pool);
   const RecallStats& stats() const { return stats_; }
+  RecallStats& mutable_stats() { return stats_; }
+  // Reads every cold page back into the hot set (the guard's fallback to full KV), merged in position
+  // order. Returns the slots restored; false in `complete` when the pool lacked pages or a page was lost.
+  int64_t restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& complete);
+  // The next run() reads every cold page whose bound passes (the guard's escalation).
+  void set_read_all(bool on) { read_all_ = on; }
 
  private:
   // Per stream: the scaled query rows of its group, hot results and cold candidates.
@@ -86,7 +95,8 @@ class Recall {
   std::vector<std::vector<float>> layer_queries_;  // [layer] recent rows, oldest first
   std::vector<StreamWork> work_;
   std::vector<uint8_t> record_;                    // one cold page
-  int32_t keep_tail_ = 1;                          // this check: positions >= next_pos - keep_tail_ stay hot
+  int32_t keep_tail_ = 1;
+  bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot
 };
 
 }  // namespace kvpack::compress

@@ -143,6 +143,11 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
     }
   }
   if (bud) s.kv.budget = static_cast<int32_t>(as_int(*bud, "kv_budget", 0, 1 << 24));
+  // Recall of evicted pages (needs the server's --kv-cold; without it the flag changes nothing).
+  if (const json* v = field(b, "kv_recall")) {
+    s.kv.recall.enabled = as_bool(*v, "kv_recall");
+    s.kv.recall.bring_back = s.kv.recall.enabled;
+  }
   if (s.kv.policy != compress::PolicyKind::Full) {
     try {
       s.kv.validate(*ctx.model, ctx.calibration);
@@ -351,7 +356,10 @@ json usage_json(const Usage& u) {
                           {"evicted_tokens", u.evicted_tokens},
                           {"compactions", u.compactions},
                           {"evicted_cold_pages", u.evicted_cold_pages},
-                          {"evicted_cold_bytes", u.evicted_cold_bytes}}}};
+                          {"evicted_cold_bytes", u.evicted_cold_bytes},
+                          {"recalled_pages", u.recalled_pages},
+                          {"recall_bytes_read", u.recall_bytes_read},
+                          {"drift", u.drift}}}};
 }
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {

@@ -89,6 +89,8 @@ struct Usage {
   int32_t preemptions = 0, swap_outs = 0, recomputes = 0, cached_tokens_cold = 0;
   int64_t peak_kv_bytes = 0, final_kv_bytes = 0, evicted_tokens = 0, compactions = 0;
   int64_t evicted_cold_pages = 0, evicted_cold_bytes = 0;  // evicted tokens kept in the cold tier
+  int64_t recalled_pages = 0, recall_bytes_read = 0;        // recall: pages brought back, cold bytes read
+  double drift = -1;                                        // the drift estimate's largest value (-1: not measured)
 };
 
 // Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".

@@ -110,6 +110,12 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
            e.pages_refused);
   w.metric("counter", "kvpack_kv_cold_evicted_lost_total", "Evicted cold pages found gone when read (LRU, checksum) or refused.",
            e.pages_lost);
+  const auto& rc = m.compression.recall;
+  w.metric("counter", "kvpack_kv_recall_checks_total", "Recall checks (digest bounds scored against the latest queries).", rc.checks);
+  w.metric("counter", "kvpack_kv_recall_pages_read_total", "Cold pages read by recall to measure them exactly.", rc.pages_read);
+  w.metric("counter", "kvpack_kv_recall_pages_total", "Cold pages recalled into the hot set.", rc.pages_recalled);
+  w.metric("counter", "kvpack_kv_recall_seconds_total", "Time spent in recall checks.", rc.seconds);
+  w.metric("gauge", "kvpack_kv_drift_max", "Largest drift estimate seen (share of attention evicted keys could hold).", rc.drift_max);
   w.metric("gauge", "kvpack_kv_cold_digest_bytes", "Hot memory held by the key digests of evicted cold pages (live sequences).",
            e.digest_bytes);
   w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);

@@ -36,6 +36,9 @@ Usage Server::usage_of(const RequestEvent& ev) const {
   u.compactions = st.compression.events;
   u.evicted_cold_pages = st.evicted.pages_written;
   u.evicted_cold_bytes = static_cast<int64_t>(st.evicted.bytes_written);
+  u.recalled_pages = st.compression.recall.pages_recalled;
+  u.recall_bytes_read = static_cast<int64_t>(st.compression.recall.bytes_read);
+  u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
   return u;
 }
 
