@@ -41,24 +41,33 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--default-max-tokens", so->limits.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--max-concurrent", so->max_concurrent, "Generation requests served at once (beyond: 429)")->check(CLI::Range(1, 4096));
-  cmd->add_option("--io-threads,--http-threads", so->io_threads, "HTTP I/O threads (event loops; they never block on a client)")
-      ->check(CLI::Range(1, 64));
+  cmd->add_option("--io-threads,--http-threads", so->io_threads, "HTTP I/O threads (event loops; they never block on a client; 0: 2)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   // HTTP hardening (docs/reliability.md): deadlines, header limits, connection cap, shutdown bound.
   cmd->add_option("--header-timeout", so->http.header_timeout_s, "Seconds a client has to send the request line and headers (beyond: 408, closed)")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--body-timeout", so->http.body_timeout_s, "Seconds a client has to send the body after the headers (beyond: 408, closed)")
-      ->check(CLI::Range(0.1, 3600.0));
-  cmd->add_option("--idle-timeout", so->http.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->check(CLI::Range(0.1, 3600.0));
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", so->http.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--write-timeout", so->http.write_timeout_s, "Seconds a response write (each write of a stream) may take (beyond: client treated as gone)")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--max-header-bytes", so->http.max_header_bytes, "Largest request header, request line included (beyond: 431)")
-      ->check(CLI::Range(1024, 1 << 20));
-  cmd->add_option("--max-headers", so->http.max_headers, "Most request header fields (beyond: 431)")->check(CLI::Range(1, 10000));
+      ->check(CLI::Range(1024, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-headers", so->http.max_headers, "Most request header fields (beyond: 431)")->check(CLI::Range(1, 10000))
+      ->capture_default_str();
   cmd->add_option("--max-connections", so->http.max_connections,
                   "Client connections open at once (beyond: 503 and closed; capped by the open-file limit)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--shutdown-grace", so->shutdown_grace_ms, "SIGTERM: milliseconds in-flight responses get to finish before connections are closed")
-      ->check(CLI::Range(0, 60000));
+      ->check(CLI::Range(0, 60000))
+      ->capture_default_str();
   cmd->add_flag("--metrics-no-auth", so->metrics_no_auth, "Serve GET /metrics without the API key");
   cmd->callback([=] {
     // Signals are taken synchronously by this thread (sigwait below): block them before any thread

@@ -273,7 +273,7 @@ int Server::start() {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.responses[status];
   };
-  auto http = std::make_unique<HttpServer>(opt_.http, std::move(h), opt_.io_threads);
+  auto http = std::make_unique<HttpServer>(opt_.http, std::move(h), opt_.io_threads > 0 ? opt_.io_threads : 2);
   const int port = http->listen(opt_.host, opt_.port);  // throws, naming host:port, before anything starts
   http_ = std::move(http);
   workers_ = std::make_unique<WorkerPool>(opt_.worker_threads);
