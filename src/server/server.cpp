@@ -429,7 +429,15 @@ void Server::on_request(const std::shared_ptr<Exchange>& ex) {
     case Route::Completions:
     case Route::Chat: {
       const bool chat = route_of(req.path) == Route::Chat;
-      workers_->post([this, ex, chat] { handle_generate(ex, chat); });
+      workers_->post([this, ex, chat] {
+        try {
+          handle_generate(ex, chat);
+        } catch (const std::exception& e) {  // a bug or bad_alloc: answer 500 rather than end the worker thread
+          ex->post([ex, r = error_response(make_error(500, e.what(), "server_error", "internal_error"))]() mutable {
+            ex->respond(std::move(r));
+          });
+        }
+      });
       return;
     }
     case Route::None:
