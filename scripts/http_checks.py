@@ -9,6 +9,7 @@
     scripts/http_checks.py [--binary build/kvpack] [--model ../shared/models/stories260K.gguf] [CHECK...]
 """
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -19,6 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+
+
+print = functools.partial(print, flush=True)  # noqa: A001 (progress shows while a check runs)
 
 
 def start(binary, model, *extra):
@@ -115,11 +119,17 @@ def check_headers(a):
 def check_busyport(a):
     proc, port = start(a.binary, a.model)
     t0 = time.monotonic()
-    r = subprocess.run([a.binary, "serve", "-m", a.model, "--port", str(port)], capture_output=True, text=True, timeout=20)
-    dt = time.monotonic() - t0
-    msg = [l for l in r.stderr.splitlines() if "error" in l or "listen" in l]
-    print(f"busyport: second server on port {port}: exit status {r.returncode} after {dt:.2f} s; "
-          f"stderr: {msg[-1] if msg else '(nothing)'}")
+    try:
+        r = subprocess.run([a.binary, "serve", "-m", a.model, "--port", str(port)], capture_output=True, text=True, timeout=10)
+        dt = time.monotonic() - t0
+        msg = [l for l in r.stderr.splitlines() if "error" in l or "listen" in l]
+        print(f"busyport: second server on port {port}: exit status {r.returncode} after {dt:.2f} s; "
+              f"stderr: {msg[-1] if msg else '(nothing)'}", flush=True)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        serving = [l for l in err.splitlines() if "serving" in l]
+        print(f"busyport: second server on port {port} still running after 10 s (killed); stderr: "
+              f"{serving[-1] if serving else '(nothing)'}", flush=True)
     proc.terminate()
     proc.wait(timeout=130)
 

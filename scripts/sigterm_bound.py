@@ -7,7 +7,10 @@ body, one byte every 100 ms, for as long as the server keeps them), start the st
 first stream has produced tokens send SIGTERM; measure until the process has exited.
 
     scripts/sigterm_bound.py [--binary build/kvpack] [--model ../shared/models/stories260K.gguf]
-                             [--runs 5] [--streams 6] [--tricklers 50] [-- EXTRA SERVE ARGS]
+                             [--runs 5] [--streams 6] [--tricklers 50] [--stalled 0] [-- EXTRA SERVE ARGS]
+
+--stalled N adds clients that pipeline requests and never read: the server cannot finish writing to
+them, so shutdown waits --shutdown-grace (1 s) for them, then closes them (the worst case).
 
 A stream passes if it ends with [DONE] after either its normal finish or the `shutting_down` error
 event. Exit status 1 when a run took more than --target-ms, a stream was cut without [DONE], or no
@@ -63,6 +66,16 @@ def trickle(port, body, stop):
     s.close()
 
 
+def stalled(port, holder):
+    """A client that never reads: 1500 pipelined GET /metrics (~15 MB of answers) fill the socket
+    buffers, so the server's write to it can never complete."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 1500)
+    holder.append(s)
+
+
 def stream(port, out, first_token):
     res = {"done": False, "shutting_down": False, "finish": None, "tokens": 0, "status": 0}
     try:
@@ -101,6 +114,9 @@ def one_run(a):
     for t in ts:
         t.start()
     time.sleep(0.3)
+    held = []
+    for _ in range(a.stalled):
+        stalled(port, held)
     results, first = [], threading.Event()
     ss = [threading.Thread(target=stream, args=(port, results, first)) for _ in range(a.streams)]
     for t in ss:
@@ -118,6 +134,8 @@ def one_run(a):
     for t in ss:
         t.join(60)
     stop.set()
+    for h in held:
+        h.close()
     return exit_ms, rc, results
 
 
@@ -130,6 +148,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--streams", type=int, default=6)
     ap.add_argument("--tricklers", type=int, default=50)
+    ap.add_argument("--stalled", type=int, default=0, help="clients that never read their answers (they use up the grace)")
     ap.add_argument("--target-ms", type=float, default=2000)
     ap.add_argument("serve_args", nargs="*")
     a = ap.parse_args()
@@ -145,7 +164,8 @@ def main():
         for r in cut:
             print("   cut:", r)
         bad |= exit_ms > a.target_ms or bool(cut) or sd == 0 or rc != 0
-    print(f"worst exit: {worst:.0f} ms over {a.runs} runs ({a.tricklers} trickling clients, {a.streams} streams)")
+    print(f"worst exit: {worst:.0f} ms over {a.runs} runs ({a.tricklers} trickling clients, {a.streams} streams, "
+          f"{a.stalled} stalled readers)")
     print("result: " + ("FAIL" if bad else "PASS") + f" (target <= {a.target_ms:g} ms, every stream ends with [DONE])")
     return 1 if bad else 0
 

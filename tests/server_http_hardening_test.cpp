@@ -326,6 +326,38 @@ TEST_F(HttpHardeningTest, SlowBodyGets408AndIdleKeepAliveIsClosed) {
   EXPECT_GE(metric(m, "kvpack_http_timeouts_total{phase=\"idle\"}"), 1);
 }
 
+TEST_F(HttpHardeningTest, AClientThatStopsReadingIsCutAtTheWriteDeadlineAndDoesNotHoldUpStop) {
+  server::ServerOptions opt;
+  opt.http.write_timeout_s = 0.5;
+  start(opt);
+  // 1500 pipelined GET /metrics (~15 MB of answers) and no reading: the socket buffers fill up and the
+  // server's write cannot complete.
+  std::string pipelined;
+  for (int i = 0; i < 1500; ++i) pipelined += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  {
+    Sock s(port);
+    const int small = 4096;
+    ::setsockopt(s.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    ASSERT_TRUE(s.send(pipelined));
+    ASSERT_TRUE(eventually([&] { return srv->http_stats().timeouts_write >= 1; }, 20)) << "the stalled write was never cut";
+    EXPECT_EQ(client(port)->Get("/health")->status, 200);
+  }
+  // The same client at shutdown: stop() waits the grace for it, then closes it.
+  srv->stop();
+  srv.reset();
+  opt.http.write_timeout_s = 30;
+  opt.shutdown_grace_ms = 200;
+  start(opt);
+  Sock s(port);
+  const int small = 4096;
+  ::setsockopt(s.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  ASSERT_TRUE(s.send(pipelined));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the buffers fill
+  const auto t0 = Clock::now();
+  srv->stop();
+  EXPECT_LT(since(t0), 10) << "stop() waited on a client that does not read";
+}
+
 TEST_F(HttpHardeningTest, HeaderLimitsGive431AndMalformedRequestsA4xxNever5xx) {
   server::ServerOptions opt;
   opt.api_key = "sekrit";
