@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
-      libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libxxhash-dev
+      libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libxxhash-dev
       python3 python3-numpy python3-matplotlib curl
       clang libclang-rt-dev)  # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh
 missing=()

@@ -1,7 +1,9 @@
 // `kvpack serve`: OpenAI-compatible HTTP server (see src/server/server.h) until SIGINT / SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -39,7 +41,34 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--default-max-tokens", so->limits.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--max-concurrent", so->max_concurrent, "Generation requests served at once (beyond: 429)")->check(CLI::Range(1, 4096));
-  cmd->add_option("--http-threads", so->http_threads, "HTTP worker threads (0: max-concurrent + 8)")->check(CLI::Range(0, 8192));
+  cmd->add_option("--io-threads,--http-threads", so->io_threads, "HTTP I/O threads (event loops; they never block on a client; 0: 2)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  // HTTP hardening (docs/reliability.md): deadlines, header limits, connection cap, shutdown bound.
+  cmd->add_option("--header-timeout", so->http.header_timeout_s, "Seconds a client has to send the request line and headers (beyond: 408, closed)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", so->http.body_timeout_s, "Seconds a client has to send the body after the headers (beyond: 408, closed)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", so->http.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--write-timeout", so->http.write_timeout_s, "Seconds a response write (each write of a stream) may take (beyond: client treated as gone)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--max-header-bytes", so->http.max_header_bytes, "Largest request header, request line included (beyond: 431)")
+      ->check(CLI::Range(1024, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-headers", so->http.max_headers, "Most request header fields (beyond: 431)")->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", so->http.max_connections,
+                  "Client connections open at once (beyond: 503 and closed; capped by the open-file limit)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", so->shutdown_grace_ms, "SIGTERM: milliseconds in-flight responses get to finish before connections are closed")
+      ->check(CLI::Range(0, 60000))
+      ->capture_default_str();
+  cmd->add_flag("--metrics-no-auth", so->metrics_no_auth, "Serve GET /metrics without the API key");
   cmd->callback([=] {
     // Signals are taken synchronously by this thread (sigwait below): block them before any thread
     // (engine pool, scheduler, HTTP workers) starts, so every thread inherits the mask.
@@ -53,6 +82,22 @@ void add_serve(CLI::App& app) {
     auto model = load_model(*o);
     Engine engine(*model, engine_options(*o));
     server::ServerOptions opt = *so;
+    // Each connection is a file descriptor: raise the soft open-file limit to the hard one, and keep
+    // the connection cap under it (room for the model, the cold tier and the listening socket).
+    rlimit nofile{};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+      if (nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+        getrlimit(RLIMIT_NOFILE, &nofile);
+      }
+      const long long room = static_cast<long long>(nofile.rlim_cur) - 128;
+      if (nofile.rlim_cur != RLIM_INFINITY && opt.http.max_connections > room) {
+        std::fprintf(stderr, "[kvpack] --max-connections %d lowered to %lld (open-file limit %lld)\n", opt.http.max_connections,
+                     std::max(1LL, room), static_cast<long long>(nofile.rlim_cur));
+        opt.http.max_connections = static_cast<int32_t>(std::max(1LL, room));
+      }
+    }
     if (opt.model_id.empty() && !o->model.empty()) opt.model_id = std::filesystem::path(o->model).stem().string();
     opt.default_kv = kv_config(*kvo, engine);
     opt.scheduler.preempt = parse_preempt(*preempt);
@@ -71,7 +116,8 @@ void add_serve(CLI::App& app) {
     int sig = 0;
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "[kvpack] %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    srv.stop();
+    std::fflush(stderr);
+    srv.stop();  // bounded: --shutdown-grace, then every connection is closed
   });
 }
 

@@ -147,6 +147,13 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
              {{"concurrency", h.rejected_concurrency}, {"queue_full", h.rejected_queue_full}, {"shutdown", h.rejected_shutdown}});
   w.metric("counter", "kvpack_http_client_disconnects_total", "Requests cancelled because the client disconnected.",
            h.client_disconnects);
+  w.metric("gauge", "kvpack_http_connections_open", "Client connections open.", h.connections_open);
+  w.metric("gauge", "kvpack_http_max_connections", "Connection cap (--max-connections).", h.max_connections);
+  w.metric("counter", "kvpack_http_connections_accepted_total", "Client connections accepted (under the cap).", h.connections_accepted);
+  w.metric("counter", "kvpack_http_connections_rejected_total", "Connections refused (503 and closed) because the cap was reached.",
+           h.connections_rejected);
+  w.by_label("kvpack_http_timeouts_total", "Connections closed by a deadline, by phase (header / body: 408; idle: keep-alive; write: client not reading).",
+             "phase", {{"header", h.timeouts_header}, {"body", h.timeouts_body}, {"idle", h.timeouts_idle}, {"write", h.timeouts_write}});
   w.head("counter", "kvpack_http_responses_total", "HTTP responses by status code.");
   for (const auto& [code, n] : h.responses) w.sample("kvpack_http_responses_total{code=\"" + std::to_string(code) + "\"}", n);
   return w.str();

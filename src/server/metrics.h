@@ -18,6 +18,11 @@ struct HttpStats {
   int64_t rejected_queue_full = 0;    // 429: scheduler queue full
   int64_t rejected_shutdown = 0;      // 503
   int64_t client_disconnects = 0;     // requests cancelled because the client went away
+  // Connections (the HTTP layer's counters).
+  int64_t connections_open = 0, max_connections = 0;
+  int64_t connections_accepted = 0;
+  int64_t connections_rejected = 0;   // over max_connections: canned 503 and closed
+  int64_t timeouts_header = 0, timeouts_body = 0, timeouts_idle = 0, timeouts_write = 0;
   std::map<int, int64_t> responses;   // by HTTP status
 };
 

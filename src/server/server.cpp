@@ -1,10 +1,14 @@
 #include "server/server.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "server/channel.h"
-#include "server/http_connection.h"
 
 namespace kvpack::server {
 namespace {
@@ -42,12 +46,9 @@ Usage Server::usage_of(const RequestEvent& ev) const {
   return u;
 }
 
-namespace {
-
-}  // namespace
-
-// A concurrency slot: held for the whole life of a generation request (for a stream, until its
-// response has been written); registers the request's channel so shutdown can wake it.
+// A concurrency slot: held from admission until the request's last event has been handled (the
+// response or its last SSE bytes are then handed to the HTTP layer); registers the request's channel
+// so shutdown can wake it.
 struct Server::Slot {
   Server* server = nullptr;
   std::shared_ptr<RequestChannel> channel = std::make_shared<RequestChannel>();
@@ -58,22 +59,189 @@ struct Server::Slot {
   }
 };
 
-// What a streaming response's content provider needs after the handler has returned.
-struct Server::StreamState {
+// A few threads that parse and tokenize request bodies (and submit them), so the I/O threads never do
+// work proportional to a body. Only complete bodies reach it. stop() runs what is queued, then joins.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int n) {
+    for (int i = 0; i < std::max(1, n); ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~WorkerPool() { stop(); }
+  void post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        f = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      f();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+namespace {
+
+HttpResponse json_response(int status, const json& j) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(j);
+  return r;
+}
+
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r = json_response(e.status, error_body(e));
+  if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
+  if (e.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+const ApiError kUnauthorized = make_error(401, "missing or invalid API key (expected Authorization: Bearer KEY)",
+                                          "invalid_request_error", "invalid_api_key");
+
+}  // namespace
+
+// One generation request from submission to its last byte. Owned by its exchange (Exchange::keep), so
+// it lives exactly as long as the connection is answering it; everything but the constructor runs on
+// the connection's strand. The channel's notification posts drain() there.
+struct Server::Generation : std::enable_shared_from_this<Generation> {
+  Server* srv = nullptr;
+  std::weak_ptr<Exchange> ex;
   std::shared_ptr<Slot> slot;
+  std::shared_ptr<RequestChannel> channel;
   uint64_t id = 0;
   ResponseMeta meta;
-  bool include_usage = false;
+  bool stream = false, include_usage = false;
   bool first_chunk = true;
-  bool finished = false;   // the request ended in the scheduler (or was cancelled by shutdown)
-  bool abandoned = false;  // the client went away and the request was cancelled
-  Clock::time_point last_write = Clock::now();
+  bool done = false;  // answered, cancelled, or its client went away
+  std::string text;   // non-streamed: the completion so far
+
+  ~Generation() {
+    channel->set_notify(nullptr);
+    if (!done && id != 0) srv->sched_->cancel(id);
+  }
+
+  void attach(const std::shared_ptr<Exchange>& e) {
+    if (e->gone()) return gone();  // the client left while the body was parsed
+    e->keep(shared_from_this());
+    e->on_gone([w = weak_from_this()] {
+      if (auto g = w.lock()) g->gone();
+    });
+    if (stream) {
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+      e->begin_stream(std::move(head), std::chrono::seconds(srv->opt_.keepalive_comment_s), ": keep-alive\n\n");
+    }
+    channel->set_notify([w = weak_from_this(), ex = ex] {
+      if (auto e = ex.lock())
+        e->post([w] {
+          if (auto g = w.lock()) g->drain();
+        });
+    });
+    drain();  // what arrived before the notification was set
+  }
+
+  // The client went away (or the connection was closed under it): cancel, free the slot.
+  void gone() {
+    if (done) return;
+    done = true;
+    srv->count_disconnect(!stream);  // before the cancel, so the counter is up once the scheduler shows it
+    srv->sched_->cancel(id);
+    slot.reset();
+  }
+
+  void drain() {
+    auto e = ex.lock();
+    if (!e || done) return;
+    std::vector<RequestEvent> events;
+    while (!done) {
+      events.clear();
+      const auto st = channel->take(events);
+      if (st == RequestChannel::Status::Empty) return;
+      if (st == RequestChannel::Status::Closed) return shutting_down(*e);
+      std::string out;
+      for (const RequestEvent& ev : events) {
+        if (ev.kind == RequestEvent::Kind::Text) {
+          if (stream) {
+            out += sse_event(stream_chunk(meta, ev.text, "", first_chunk));
+            first_chunk = false;
+          } else {
+            text += ev.text;
+          }
+          continue;
+        }
+        // Finished: the slot goes back first, then the last bytes are handed off.
+        done = true;
+        slot.reset();
+        if (stream) {
+          if (ev.finish == FinishReason::Error) {
+            out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
+          } else if (ev.finish != FinishReason::Cancelled) {
+            out += sse_event(stream_chunk(meta, "", openai_finish_reason(ev.finish), first_chunk));
+            if (include_usage) out += sse_event(usage_chunk(meta, srv->usage_of(ev)));
+          }
+          out += "data: [DONE]\n\n";
+          e->write(out);
+          e->end_stream();
+        } else if (ev.finish == FinishReason::Error) {
+          e->respond(error_response(make_error(500, ev.error, "server_error", "generation_failed")));
+        } else if (ev.finish == FinishReason::Cancelled) {
+          e->respond(error_response(make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled")));
+        } else {
+          e->respond(json_response(200, completion_response(meta, text, openai_finish_reason(ev.finish), srv->usage_of(ev))));
+        }
+        return;
+      }
+      if (!out.empty()) e->write(out);
+    }
+  }
+
+  // Server shutdown: cancel, and tell the client (a stream: an error event, then [DONE]).
+  void shutting_down(Exchange& e) {
+    done = true;
+    srv->sched_->cancel(id);
+    slot.reset();
+    const ApiError err = make_error(503, "the server is shutting down", "server_error", "shutting_down");
+    if (stream) {
+      e.write(sse_event(error_body(err)) + "data: [DONE]\n\n");
+      e.end_stream();
+    } else {
+      e.respond(error_response(err));
+    }
+  }
 };
 
 Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::move(opt)) {
   const Model& model = engine.model();
   if (opt_.model_id.empty()) opt_.model_id = model.config().name.empty() ? "kvpack" : model.config().name;
   if (opt_.max_concurrent < 1) throw std::invalid_argument("max_concurrent must be >= 1");
+  if (opt_.http.max_connections < 1) throw std::invalid_argument("max_connections must be >= 1");
   ctx_.tokenizer = &model.tokenizer();
   ctx_.model = &model.config();
   ctx_.chat_format = detect_chat_format(model.chat_template());
@@ -84,7 +252,9 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_page_bytes_ = engine.kv().pool().page_bytes();
   kv_streams_ = engine.kv().n_streams();
   ctx_.limits = opt_.limits;
+  opt_.http.max_body_bytes = opt_.limits.max_body_bytes;
   stats_.max_concurrent = opt_.max_concurrent;
+  stats_.max_connections = opt_.http.max_connections;
   sched_ = std::make_unique<Scheduler>(engine, opt_.scheduler);
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -98,24 +268,26 @@ int Server::start() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = false;
   }
-  http_ = std::make_unique<HttpServer>();
-  const int threads = opt_.http_threads > 0 ? opt_.http_threads : opt_.max_concurrent + 8;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(opt_.limits.max_body_bytes);
-  routes();
-  const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host)
-                                  : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
-  if (port <= 0) {
-    http_.reset();
-    throw std::runtime_error("cannot listen on " + opt_.host + ":" + std::to_string(opt_.port));
-  }
-  http_->set_backlog(256);
+  HttpHandlers h;
+  h.on_head = [this](const HttpRequest& req) { return on_head(req); };
+  h.on_request = [this](const std::shared_ptr<Exchange>& ex) { on_request(ex); };
+  h.error_response = [](int status, const std::string& message, const std::string& code) {
+    return error_response(make_error(status, message, status >= 500 ? "server_error" : "invalid_request_error", code));
+  };
+  h.on_response = [this](int status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.responses[status];
+  };
+  auto http = std::make_unique<HttpServer>(opt_.http, std::move(h), opt_.io_threads > 0 ? opt_.io_threads : 2);
+  const int port = http->listen(opt_.host, opt_.port);  // throws, naming host:port, before anything starts
+  http_ = std::move(http);
+  workers_ = std::make_unique<WorkerPool>(opt_.worker_threads);
   sched_->start();
-  listen_thread_ = std::thread([this] { http_->listen_after_bind(); });
-  // httplib's stop() only acts once the accept loop runs: wait for it (briefly) so that a stop()
-  // right after start() cannot be lost. The socket is already listening, so no client waits on this.
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!http_->is_running() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    http_live_ = http_.get();
+  }
+  http_->start();
   port_ = port;
   started_ = true;
   return port;
@@ -129,17 +301,40 @@ void Server::stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     for (RequestChannel* ch : channels_) ch->close();
+    http_final_ = http_->counters();
+    http_live_ = nullptr;
   }
-  http_->stop();  // joins the handler threads once they have answered
-  if (listen_thread_.joinable()) listen_thread_.join();
+  http_->stop(std::chrono::milliseconds(std::max(0, opt_.shutdown_grace_ms)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    http_final_ = http_->counters();
+  }
+  workers_->stop();  // what is queued answers 503 into a stopped server (nobody hears it)
   sched_->stop();
+  // The connections still referenced by queued handlers go with the HTTP layer; their generations
+  // cancel (a no-op on the stopped scheduler) and release their slots.
   http_.reset();
+  workers_.reset();
   started_ = false;
+}
+
+bool Server::stopping() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
 }
 
 HttpStats Server::http_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  HttpStats s = stats_;
+  const HttpCounters c = http_live_ ? http_live_->counters() : http_final_;
+  s.connections_open = c.connections_open;
+  s.connections_accepted = c.connections_accepted;
+  s.connections_rejected = c.connections_rejected;
+  s.timeouts_header = c.timeouts_header;
+  s.timeouts_body = c.timeouts_body;
+  s.timeouts_idle = c.timeouts_idle;
+  s.timeouts_write = c.timeouts_write;
+  return s;
 }
 
 std::string Server::metrics_text() const {
@@ -167,262 +362,138 @@ std::shared_ptr<Server::Slot> Server::acquire_slot(ApiError& err) {
   return slot;
 }
 
-bool Server::authorized(const httplib::Request& req) const {
-  return opt_.api_key.empty() || bearer_matches(req.get_header_value("Authorization"), opt_.api_key);
+bool Server::authorized(const HttpRequest& req) const {
+  return opt_.api_key.empty() || bearer_matches(req.header("Authorization"), opt_.api_key);
 }
 
-void Server::reply_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.status == 429) res.set_header("Retry-After", "1");
-  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  res.set_content(dump_json(error_body(e)), "application/json");
-}
-
-void Server::count_disconnect() {
+void Server::count_disconnect(bool blocking) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;  // closed by the shutdown, not by the client
   ++stats_.client_disconnects;
+  if (blocking) ++stats_.responses[499];  // nginx's "client closed request"; nobody reads it, the metrics do
 }
 
-void Server::routes() {
-  HttpServer& h = *http_;
-  h.set_logger([this](const httplib::Request&, const httplib::Response& res) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.responses[res.status];
-  });
-  // Fills in an OpenAI-style body for errors httplib produces itself (404 unknown route, 400
-  // malformed HTTP, 413 from its own length check); leaves our own error bodies alone.
-  h.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = res.status;
-    if (res.status == 404) e.message = "unknown route: " + req.method + " " + req.path;
-    else if (res.status == 413) e.message = "request body too large", e.code = "request_too_large";
-    else e.message = "HTTP error " + std::to_string(res.status);
-    if (res.status >= 500) e.type = "server_error";
-    res.set_content(dump_json(error_body(e)), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    res.status = 500;
-    res.set_content(dump_json(error_body(make_error(500, what, "server_error", ""))), "application/json");
-  });
+namespace {
 
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    bool stopping;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping = stopping_;
-    }
-    res.status = stopping ? 503 : 200;
-    res.set_content(dump_json(json{{"status", stopping ? "shutting_down" : "ok"}}), "application/json");
-  });
-  h.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req)) return reply_error(res, make_error(401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"));
-    res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  h.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req)) return reply_error(res, make_error(401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"));
-    const ModelConfig& c = engine_->model().config();
-    json meta = {{"arch", c.arch},
-                 {"n_ctx", c.n_ctx},
-                 {"n_vocab", c.n_vocab},
-                 {"n_layer", c.n_layer},
-                 {"chat_format", chat_format_name(ctx_.chat_format)},
-                 {"kv_pages", ctx_.kv_capacity_pages},
-                 {"kv_page_size", ctx_.page_size},
-                 {"kv_policy", compress::policy_name(opt_.default_kv.policy)},
-                 {"kv_budget", opt_.default_kv.budget}};
-    json model = {{"id", opt_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "kvpack"}, {"meta", meta}};
-    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
-  });
-  h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
-    handle_generate(req, res, rd, false);
-  });
-  h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
-    handle_generate(req, res, rd, true);
-  });
+enum class Route { Health, Metrics, Models, Completions, Chat, None };
+
+Route route_of(const std::string& path) {
+  if (path == "/health") return Route::Health;
+  if (path == "/metrics") return Route::Metrics;
+  if (path == "/v1/models") return Route::Models;
+  if (path == "/v1/completions") return Route::Completions;
+  if (path == "/v1/chat/completions") return Route::Chat;
+  return Route::None;
 }
 
-void Server::handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader, bool chat) {
-  if (!authorized(req)) {
-    HttpServer::close_after_response();  // the body is left unread
-    return reply_error(res, make_error(401, "missing or invalid API key (expected Authorization: Bearer KEY)",
-                                       "invalid_request_error", "invalid_api_key"));
+}  // namespace
+
+// Before the body is read: the route, the method and the API key. A refused request's body is never
+// read (the connection closes after the answer).
+std::optional<HttpResponse> Server::on_head(const HttpRequest& req) {
+  const Route r = route_of(req.path);
+  if (r == Route::None) return error_response(make_error(404, "unknown route: " + req.method + " " + req.path, "invalid_request_error", ""));
+  const bool post = r == Route::Completions || r == Route::Chat;
+  if (req.method != (post ? "POST" : "GET")) {
+    HttpResponse res = error_response(make_error(405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error", ""));
+    res.headers.emplace_back("Allow", post ? "POST" : "GET");
+    return res;
   }
-  // The body, with the size limit enforced here too: httplib only checks it for Content-Length
-  // bodies, not chunked ones.
-  std::string body;
-  bool too_large = false;
-  const size_t max_body = opt_.limits.max_body_bytes;
-  const bool read_ok = reader([&](const char* data, size_t n) {
-    if (body.size() + n > max_body) {
-      too_large = true;
-      return false;
+  const bool open = r == Route::Health || (r == Route::Metrics && opt_.metrics_no_auth);
+  if (!open && !authorized(req)) return error_response(kUnauthorized);
+  return std::nullopt;
+}
+
+void Server::on_request(const std::shared_ptr<Exchange>& ex) {
+  const HttpRequest& req = ex->request();
+  switch (route_of(req.path)) {
+    case Route::Health: {
+      const bool stop = stopping();
+      return ex->respond(json_response(stop ? 503 : 200, json{{"status", stop ? "shutting_down" : "ok"}}));
     }
-    body.append(data, n);
-    return true;
-  });
-  if (!read_ok || too_large) {
-    HttpServer::close_after_response();
-    if (too_large || res.status == 413)
-      return reply_error(res, make_error(413, "request body exceeds " + std::to_string(max_body) + " bytes",
-                                         "invalid_request_error", "request_too_large"));
-    return reply_error(res, bad_request("could not read the request body"));
+    case Route::Metrics: {
+      HttpResponse res;
+      res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      res.body = metrics_text();
+      return ex->respond(std::move(res));
+    }
+    case Route::Models: {
+      const ModelConfig& c = engine_->model().config();
+      json meta = {{"arch", c.arch},
+                   {"n_ctx", c.n_ctx},
+                   {"n_vocab", c.n_vocab},
+                   {"n_layer", c.n_layer},
+                   {"chat_format", chat_format_name(ctx_.chat_format)},
+                   {"kv_pages", ctx_.kv_capacity_pages},
+                   {"kv_page_size", ctx_.page_size},
+                   {"kv_policy", compress::policy_name(opt_.default_kv.policy)},
+                   {"kv_budget", opt_.default_kv.budget}};
+      json model = {{"id", opt_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "kvpack"}, {"meta", meta}};
+      return ex->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}));
+    }
+    case Route::Completions:
+    case Route::Chat: {
+      const bool chat = route_of(req.path) == Route::Chat;
+      workers_->post([this, ex, chat] {
+        try {
+          handle_generate(ex, chat);
+        } catch (const std::exception& e) {  // a bug or bad_alloc: answer 500 rather than end the worker thread
+          ex->post([ex, r = error_response(make_error(500, e.what(), "server_error", "internal_error"))]() mutable {
+            ex->respond(std::move(r));
+          });
+        }
+      });
+      return;
+    }
+    case Route::None:
+      return ex->respond(error_response(make_error(404, "unknown route", "invalid_request_error", "")));
   }
-  ParseResult parsed = parse_request_body(body, chat, ctx_);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return reply_error(res, *e);
+}
+
+// On the worker pool: parse + tokenize, take a slot, submit; then the connection's strand takes over.
+void Server::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
+  auto reply = [&ex](const ApiError& e) {
+    ex->post([ex, r = error_response(e)]() mutable { ex->respond(std::move(r)); });
+  };
+  if (stopping()) {
+    ApiError err;
+    acquire_slot(err);  // counts the refusal
+    return reply(err);
+  }
+  ParseResult parsed = parse_request_body(ex->request().body, chat, ctx_);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return reply(*e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
 
   ApiError err;
   std::shared_ptr<Slot> slot = acquire_slot(err);
-  if (!slot) return reply_error(res, err);
+  if (!slot) return reply(err);
+  auto gen = std::make_shared<Generation>();
+  gen->srv = this;
+  gen->ex = ex;
+  gen->channel = slot->channel;
+  gen->stream = r.stream;
+  gen->include_usage = r.include_usage;
+  gen->meta = new_response_meta(chat, opt_.model_id);
   uint64_t id = 0;
   try {
     id = sched_->submit(std::move(r.spec), RequestChannel::sink(slot->channel));
   } catch (const std::invalid_argument& e) {  // e.g. a KV budget the policy cannot honour
-    return reply_error(res, bad_request(e.what(), "", "invalid_request"));
+    gen->done = true;
+    slot.reset();  // before the answer: a closed-loop client must find its slot free
+    return reply(bad_request(e.what(), "", "invalid_request"));
   }
   if (id == 0) {
+    gen->done = true;
+    slot.reset();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.rejected_queue_full;
     }
-    return reply_error(res, make_error(429, "the request queue is full; retry later", "rate_limit_error", "queue_full"));
+    return reply(make_error(429, "the request queue is full; retry later", "rate_limit_error", "queue_full"));
   }
-  const ResponseMeta meta = new_response_meta(chat, opt_.model_id);
-  if (r.stream) serve_stream(res, slot, id, meta, r.include_usage);
-  else serve_blocking(res, slot, id, meta);
-}
-
-void Server::serve_blocking(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta) {
-  std::string text;
-  std::vector<RequestEvent> events;
-  const auto poll = std::chrono::milliseconds(opt_.poll_ms);
-  auto last_check = Clock::now();
-  for (;;) {
-    events.clear();
-    const auto st = slot->channel->wait(events, poll);
-    for (const RequestEvent& ev : events) {
-      if (ev.kind == RequestEvent::Kind::Text) {
-        text += ev.text;
-        continue;
-      }
-      if (ev.finish == FinishReason::Error)
-        return reply_error(res, make_error(500, ev.error, "server_error", "generation_failed"));
-      if (ev.finish == FinishReason::Cancelled)
-        return reply_error(res, make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled"));
-      res.set_content(dump_json(completion_response(meta, text, openai_finish_reason(ev.finish), usage_of(ev))), "application/json");
-      return;
-    }
-    if (st == RequestChannel::Status::Closed) {
-      sched_->cancel(id);
-      return reply_error(res, make_error(503, "the server is shutting down", "server_error", "shutting_down"));
-    }
-    // A client that hung up gets its request cancelled, so its pages are freed now, not after
-    // max_tokens more steps. Checked at most every poll interval, even while tokens flow.
-    if (Clock::now() - last_check >= poll) {
-      last_check = Clock::now();
-      if (HttpServer::client_gone()) {
-        count_disconnect();  // before the cancel, so the counter is up once the scheduler shows it
-        sched_->cancel(id);
-        res.status = 499;  // nginx's "client closed request"; nobody reads it, the logs do
-        return;
-      }
-    }
-  }
-}
-
-void Server::abandon(StreamState& st) {
-  if (st.finished || st.abandoned) return;
-  st.abandoned = true;
-  count_disconnect();  // before the cancel, so the counter is up once the scheduler shows the cancel
-  sched_->cancel(st.id);
-}
-
-void Server::serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta,
-                          bool include_usage) {
-  auto state = std::make_shared<StreamState>();
-  state->slot = slot;
-  state->id = id;
-  state->meta = meta;
-  state->include_usage = include_usage;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  // httplib calls the provider until it calls sink.done() or returns false; each call blocks on the
-  // channel until there is something to send (never returns without writing, which would spin).
-  auto provider = [this, state](size_t, httplib::DataSink& sink) -> bool {
-    std::vector<RequestEvent> events;
-    const auto poll = std::chrono::milliseconds(opt_.poll_ms);
-    for (;;) {
-      const auto st = state->slot->channel->wait(events, poll);
-      if (st == RequestChannel::Status::Events) break;
-      if (st == RequestChannel::Status::Closed) {  // shutdown: tell the client, end the stream
-        sched_->cancel(state->id);
-        const std::string out =
-            sse_event(error_body(make_error(503, "the server is shutting down", "server_error", "shutting_down"))) + "data: [DONE]\n\n";
-        sink.write(out.data(), out.size());
-        state->finished = true;
-        sink.done();
-        return true;
-      }
-      if (!sink.is_writable()) {  // the client went away between tokens
-        abandon(*state);
-        return false;
-      }
-      if (Clock::now() - state->last_write >= std::chrono::seconds(opt_.keepalive_comment_s)) {
-        static const std::string ping = ": keep-alive\n\n";
-        if (!sink.write(ping.data(), ping.size())) {
-          abandon(*state);
-          return false;
-        }
-        state->last_write = Clock::now();
-      }
-    }
-    std::string out;
-    bool done = false;
-    for (const RequestEvent& ev : events) {
-      if (ev.kind == RequestEvent::Kind::Text) {
-        out += sse_event(stream_chunk(state->meta, ev.text, "", state->first_chunk));
-        state->first_chunk = false;
-        continue;
-      }
-      done = true;
-      if (ev.finish == FinishReason::Error) {
-        out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
-      } else if (ev.finish != FinishReason::Cancelled) {
-        out += sse_event(stream_chunk(state->meta, "", openai_finish_reason(ev.finish), state->first_chunk));
-        if (state->include_usage) out += sse_event(usage_chunk(state->meta, usage_of(ev)));
-      }
-      out += "data: [DONE]\n\n";
-      break;
-    }
-    // (An empty write would end httplib's loop without done(); `out` is never empty here.)
-    if (!sink.write(out.data(), out.size())) {
-      if (done) state->finished = true;  // it ended anyway; the client just missed the last chunk
-      else abandon(*state);
-      return false;
-    }
-    state->last_write = Clock::now();
-    if (done) {
-      state->finished = true;
-      sink.done();
-    }
-    return true;
-  };
-  // Runs when the response is destroyed: if the stream did not finish (e.g. writing the headers
-  // failed, so the provider never ran), make sure the request does not keep running.
-  auto releaser = [this, state](bool) {
-    abandon(*state);
-    state->slot.reset();  // frees the concurrency slot now, not when httplib drops the lambdas
-  };
-  res.set_chunked_content_provider("text/event-stream", provider, releaser);
+  gen->id = id;
+  gen->slot = std::move(slot);
+  ex->post([gen = std::move(gen), ex] { gen->attach(ex); });
 }
 
 }  // namespace kvpack::server

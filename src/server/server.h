@@ -1,18 +1,29 @@
 // The HTTP server: OpenAI-compatible endpoints over a continuous-batching Scheduler.
 //   POST /v1/completions, POST /v1/chat/completions   (JSON or SSE with "stream": true)
 //   GET  /v1/models, /health, /metrics (Prometheus text)
-// Each generation request gets a RequestChannel: the scheduler thread pushes its events, the
-// handler thread drains them into one JSON response or into SSE chunks. A request whose client goes
-// away is cancelled at once (its KV pages return to the pool at the next step).
+// HTTP is served by the event-driven layer in http_server.h (Boost.Beast / Asio: per-connection
+// deadlines, header / body limits, a connection cap, bounded shutdown). Nothing that takes time runs on
+// its I/O threads: a generation request's body is parsed and tokenized on a small worker pool (it only
+// ever sees complete bodies, so slow clients cannot tie it up), then submitted to the scheduler; its
+// RequestChannel notifies the connection's strand, which turns events into one JSON response or SSE
+// chunks. A request whose client goes away is cancelled at once (its KV pages return to the pool at
+// the next step).
 // Errors are OpenAI-shaped JSON: 400 invalid request, 401 bad/missing API key, 404 unknown route,
-// 413 body too large, 429 (+ Retry-After) too many concurrent requests or queue full, 503 shutting down.
-// With an API key, every route except /health needs "Authorization: Bearer KEY".
-// Thread-safety: start / stop from one controlling thread; handlers run on httplib's pool.
+// 405 wrong method, 408 request too slow, 413 body too large, 429 (+ Retry-After) too many concurrent
+// requests or queue full, 431 header too large / too many fields, 503 shutting down or too many
+// connections.
+// With an API key, every route except /health (and /metrics with metrics_no_auth) needs
+// "Authorization: Bearer KEY".
+// The concurrency slot of a request is released when its last event has been handled, before the last
+// bytes go to the socket: a client that sends its next request after reading the end of the previous
+// one always finds the slot free (closed-loop clients at exactly max_concurrent never see a 429).
+// Thread-safety: start / stop from one controlling thread.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,18 +31,13 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "server/api.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
-
-namespace httplib {
-struct Request;
-struct Response;
-class ContentReader;
-}  // namespace httplib
 
 namespace kvpack::server {
 
-class HttpServer;
 class RequestChannel;
+class WorkerPool;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
@@ -42,8 +48,11 @@ struct ServerOptions {
   int32_t max_concurrent = 32;     // generation requests served at once (streams included); more: 429
   compress::CompressConfig default_kv;  // validated by the caller (cli::kv_config)
   SchedulerOptions scheduler;
-  int32_t http_threads = 0;        // 0: max_concurrent + 8 (room for /metrics, /health and 429s)
-  int32_t poll_ms = 100;           // how often a waiting handler checks for a vanished client
+  bool metrics_no_auth = false;    // GET /metrics without the API key (scrapers on a trusted network)
+  HttpLimits http;                 // deadlines, header limits, connection cap (max_body_bytes: limits.max_body_bytes)
+  int32_t io_threads = 2;          // I/O threads of the HTTP layer (they never block on a client)
+  int32_t worker_threads = 2;      // parse + tokenize request bodies off the I/O threads
+  int32_t shutdown_grace_ms = 1000;  // stop(): how long in-flight responses get to finish
   int32_t keepalive_comment_s = 15;  // SSE comment sent on an idle stream (keeps proxies from timing out)
 };
 
@@ -58,8 +67,9 @@ class Server {
   // Starts the scheduler, binds and serves on a background thread; returns the bound port.
   // Throws std::runtime_error when the address cannot be bound.
   int start();
-  // New requests get 503, in-flight ones are cancelled and answered (503 / an SSE error event), then
-  // the HTTP server and the scheduler stop. Idempotent.
+  // New requests get 503, in-flight ones are cancelled and answered (503 / an SSE error event with code
+  // shutting_down), idle and half-read connections are closed at once; after shutdown_grace_ms whatever
+  // is still open is closed, then the scheduler stops. Returns within about grace + 0.3 s. Idempotent.
   void stop();
 
   int port() const { return port_; }
@@ -71,17 +81,14 @@ class Server {
 
  private:
   struct Slot;
-  struct StreamState;
+  struct Generation;
   std::shared_ptr<Slot> acquire_slot(ApiError& err);
-  bool authorized(const httplib::Request& req) const;
-  void reply_error(httplib::Response& res, const ApiError& e);
-  void handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader, bool chat);
-  void serve_blocking(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta);
-  void serve_stream(httplib::Response& res, const std::shared_ptr<Slot>& slot, uint64_t id, const ResponseMeta& meta,
-                    bool include_usage);
-  void count_disconnect();
-  void abandon(StreamState& st);  // the client of a stream went away: count it, cancel the request
-  void routes();
+  bool authorized(const HttpRequest& req) const;
+  std::optional<HttpResponse> on_head(const HttpRequest& req);
+  void on_request(const std::shared_ptr<Exchange>& ex);
+  void handle_generate(const std::shared_ptr<Exchange>& ex, bool chat);  // on the worker pool
+  void count_disconnect(bool blocking);
+  bool stopping() const;
   Usage usage_of(const RequestEvent& ev) const;  // the usage block of a finished request
 
   Engine* engine_;
@@ -89,7 +96,7 @@ class Server {
   ApiContext ctx_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<HttpServer> http_;
-  std::thread listen_thread_;
+  std::unique_ptr<WorkerPool> workers_;
   int port_ = 0;
   size_t ctx_page_bytes_ = 0;
   int64_t kv_streams_ = 0;
@@ -102,6 +109,8 @@ class Server {
   bool stopping_ = false;
   std::set<RequestChannel*> channels_;
   HttpStats stats_;
+  HttpServer* http_live_ = nullptr;  // http_ while it serves (for its counters); guarded by mu_
+  HttpCounters http_final_;          // its counters when it stopped
 };
 
 }  // namespace kvpack::server
