@@ -174,29 +174,44 @@ void HostColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
       ++stats_.misses;
     }
   }
-  // Copy, then hash the copy while it is still in L1/L2: the slab is read from DRAM once.
+  // Copy, then hash the copy while it is still in L1/L2: the slab is read from DRAM once. A take's index
+  // work (forgetting every record read) is task 0, beside the copies: under mu_ nothing else touches the
+  // index or reuses a freed slot's memory before this returns, and the copies read only the slabs and
+  // checksum_, which release() leaves alone.
   const size_t n = copies.size();
-  const int tasks = tasks_for(n, kRecordsPerTask);
-  for_each_task(tasks, [&](int task) {
-    const size_t end = n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks);
-    for (size_t j = n * static_cast<size_t>(task) / static_cast<size_t>(tasks); j < end; ++j) {
+  const int copy_tasks = tasks_for(n, kRecordsPerTask);
+  const int first_copy = take ? 1 : 0;
+  for_each_task(copy_tasks + first_copy, [&](int task) {
+    if (take && task == 0) {
+      for (const Copy& c : copies)
+        if (index_.find(keys[c.index]) == c.slot) index_.release(c.slot);  // a key given twice: released once
+      return;
+    }
+    const size_t t = static_cast<size_t>(task - first_copy);
+    const size_t end = n * (t + 1) / static_cast<size_t>(copy_tasks);
+    for (size_t j = n * t / static_cast<size_t>(copy_tasks); j < end; ++j) {
       Copy& c = copies[j];
       std::memcpy(out[c.index], c.src, record_bytes_);
       c.verified = cold::record_checksum(keys[c.index], {out[c.index], record_bytes_}, 0) == checksum_[static_cast<size_t>(c.slot)];
     }
   });
   for (const Copy& c : copies) {
-    if (take && index_.find(keys[c.index]) != c.slot) {  // a key given twice, released by its first copy
+    if (take) {  // already forgotten above: the outcome only
       ok[c.index] = c.verified;
       if (c.verified) {
         ++stats_.hits;
         stats_.bytes_read += record_bytes_;
       } else {
+        if (!logged_mismatch_) {
+          std::fprintf(stderr, "[kvpack] cold tier: checksum mismatch in host memory slot %d (record dropped)\n", c.slot);
+          logged_mismatch_ = true;
+        }
+        ++stats_.checksum_failures;
         ++stats_.misses;
       }
       continue;
     }
-    ok[c.index] = settle_read(c.slot, c.verified, take);
+    ok[c.index] = settle_read(c.slot, c.verified, false);
   }
 }
 
