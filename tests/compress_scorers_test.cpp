@@ -54,6 +54,9 @@ TEST(CompressScorers, NeedsPerFamily) {
   EXPECT_EQ(needs(PolicyKind::TOVA).query_window, 1);
   EXPECT_TRUE(needs(PolicyKind::H2O).key_mass);
   EXPECT_FALSE(needs(PolicyKind::H2O).calibration);
+  EXPECT_TRUE(needs(PolicyKind::TriSpan).calibration);
+  EXPECT_TRUE(needs(PolicyKind::TriSpan).calibration_optional);
+  EXPECT_FALSE(needs(PolicyKind::TriAttention).calibration_optional);
 }
 
 TEST(CompressScorers, StreamingKNormAndH2OMatchTheOldArithmetic) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -93,6 +94,8 @@ class Seq {
   void set_head_scale(int32_t kv_head, double s) { head_scale_[static_cast<size_t>(kv_head)] = s; }
   // Every new key becomes a copy of `fixed` (tie tests).
   void set_fixed_key(std::vector<float> fixed) { fixed_ = std::move(fixed); }
+  // Called for every new key after it is drawn (stream, position, key): lets a test shape the keys.
+  void set_key_hook(std::function<void(int32_t, int32_t, std::vector<float>&)> hook) { hook_ = std::move(hook); }
 
   // Appends n tokens at the next positions and fills their K/V with random numbers.
   bool append(int32_t n) {
@@ -110,6 +113,7 @@ class Seq {
           k[static_cast<size_t>(e)] = fixed_.empty() ? static_cast<float>(nd(rng_) * scale) : fixed_[static_cast<size_t>(e)];
           v[static_cast<size_t>(e)] = static_cast<float>(nd(rng_));
         }
+        if (hook_) hook_(s, pos0 + i, k);
         std::memcpy(kv_.k_slot(s, slot), k.data(), sizeof(float) * kHeadDim);
         std::memcpy(kv_.v_slot(s, slot), v.data(), sizeof(float) * kHeadDim);
         k_[static_cast<size_t>(s)][pos0 + i] = std::move(k);
@@ -175,6 +179,7 @@ class Seq {
   std::vector<std::map<int32_t, std::vector<float>>> k_, v_;
   std::vector<double> head_scale_;
   std::vector<float> fixed_;
+  std::function<void(int32_t, int32_t, std::vector<float>&)> hook_;
 };
 
 // State of every stream just before a compression: positions and keys (float64), from the ground truth.

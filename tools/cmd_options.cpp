@@ -29,7 +29,10 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
 }
 
 void add_kv_options(CLI::App& cmd, KvOptions& o) {
-  cmd.add_option("--kv-policy", o.policy, "KV compression policy: full, streaming, knorm, triattention, snapkv, rkv, tova, h2o");
+  cmd.add_option("--kv-policy", o.policy,
+                 "KV compression policy: full, streaming, knorm, triattention, snapkv, rkv, tova, h2o, trispan "
+                 "(default: trispan when --kv-budget > 0, else full)")
+      ->each([&o](const std::string&) { o.policy_given = true; });
   cmd.add_option("--kv-budget", o.budget, "Slots kept per (layer, KV head) after compression (0 = no compression)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--kv-interval", o.interval, "Compress when the cache reaches budget + interval")->check(CLI::Range(1, 1 << 20));
@@ -54,12 +57,14 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_option("--kv-recall-share", o.recall_share,
                  "A cold page is read and recalled when it could hold this share of the hot attention mass")
       ->check(CLI::Range(1e-6, 1.0));
-  cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`)")->check(CLI::ExistingFile);
+  cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`; required by triattention, used by trispan)")
+      ->check(CLI::ExistingFile);
 }
 
 compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   compress::CompressConfig c;
-  c.policy = compress::parse_policy(o.policy);
+  // No --kv-policy (and no caller that set one): the budget alone selects the default policy.
+  c.policy = o.policy_given || o.policy != "full" ? compress::parse_policy(o.policy) : compress::resolve_policy("", o.budget);
   c.budget = o.budget;
   c.interval = o.interval;
   c.sinks = o.sinks;

@@ -26,6 +26,7 @@ struct ModelOptions {
 // KV compression flags (--kv-policy ...), shared by generate / eval / serve.
 struct KvOptions {
   std::string policy = "full";
+  bool policy_given = false;  // --kv-policy on the command line; without it a budget selects compress::kDefaultPolicy
   int32_t budget = 0;
   int32_t interval = 128;
   int32_t sinks = 4;

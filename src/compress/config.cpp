@@ -15,7 +15,7 @@ struct Named {
 constexpr Named kPolicies[] = {
     {"full", PolicyKind::Full},   {"streaming", PolicyKind::Streaming}, {"knorm", PolicyKind::KNorm},
     {"triattention", PolicyKind::TriAttention}, {"snapkv", PolicyKind::SnapKV}, {"rkv", PolicyKind::RKV},
-    {"tova", PolicyKind::TOVA},   {"h2o", PolicyKind::H2O},
+    {"tova", PolicyKind::TOVA},   {"h2o", PolicyKind::H2O}, {"trispan", PolicyKind::TriSpan},
 };
 }  // namespace
 
@@ -47,7 +47,7 @@ void CompressConfig::validate(const ModelConfig& model, const QueryStats* calibr
   if (budget < floor)
     throw InvalidCompressConfig("kv_budget", std::to_string(budget) + " is smaller than kv_sinks + kv_window + 1 (" +
                                                  std::to_string(floor) + ")");
-  if (policy_needs_calibration(policy) && calibration == nullptr)
+  if (policy_requires_calibration(policy) && calibration == nullptr)
     throw InvalidCompressConfig("kv_policy", pol + " needs calibration statistics: run `kvpack calibrate -m MODEL --text FILE -o FILE`, "
                                              "then pass --kv-calib FILE (kvpack serve --kv-calib FILE for the server, kv_calib in the C++ API)");
   if (policy == PolicyKind::TriAttention && model.rope_dims != model.head_dim)
@@ -61,6 +61,11 @@ PolicyKind parse_policy(const std::string& name) {
   std::string all;
   for (const auto& p : kPolicies) all += std::string(all.empty() ? "" : ", ") + p.name;
   throw std::invalid_argument("unknown KV policy '" + name + "' (valid: " + all + ")");
+}
+
+PolicyKind resolve_policy(const std::string& name, int32_t budget) {
+  if (!name.empty()) return parse_policy(name);
+  return budget > 0 ? kDefaultPolicy : PolicyKind::Full;
 }
 
 const char* policy_name(PolicyKind k) {

@@ -14,8 +14,8 @@ namespace kvpack::compress {
 
 struct QueryStats;
 
-enum class PolicyKind { Full, Streaming, KNorm, TriAttention, SnapKV, RKV, TOVA, H2O };
-inline constexpr int kNumPolicies = 8;
+enum class PolicyKind { Full, Streaming, KNorm, TriAttention, SnapKV, RKV, TOVA, H2O, TriSpan };
+inline constexpr int kNumPolicies = 9;
 enum class BudgetSplit { Uniform, Pyramid, Ada };
 
 // Recall of evicted pages from the cold tier (compress/recall.h; needs --kv-cold). Off by default.
@@ -69,15 +69,22 @@ class InvalidCompressConfig : public std::invalid_argument {
 };
 
 // Policy names as used on the command line and in the API: full, streaming, knorm, triattention,
-// snapkv, rkv, tova, h2o. Throws std::invalid_argument listing the valid names.
+// snapkv, rkv, tova, h2o, trispan. Throws std::invalid_argument listing the valid names.
 PolicyKind parse_policy(const std::string& name);
+// The policy a budget alone selects (command line: --kv-budget N without --kv-policy). TriSpan needs no
+// calibration file (it uses one when given), so the budget stays the one knob users need.
+inline constexpr PolicyKind kDefaultPolicy = PolicyKind::TriSpan;
+// The policy of a config that may leave it unnamed: parse_policy(name) when name is non-empty, else
+// kDefaultPolicy when budget > 0 and full (no compression) when budget is 0.
+PolicyKind resolve_policy(const std::string& name, int32_t budget);
 const char* policy_name(PolicyKind p);
 BudgetSplit parse_split(const std::string& name);
 const char* split_name(BudgetSplit s);
 // What the policy's scorer needs (see compress/scorer.h, ScorerNeeds: the one source of these answers).
 bool policy_needs_queries(PolicyKind p);      // keeps a window of recent post-RoPE queries
 bool policy_needs_key_mass(PolicyKind p);     // attention kernel must emit per-key probability mass
-bool policy_needs_calibration(PolicyKind p);
+bool policy_needs_calibration(PolicyKind p);   // uses calibration statistics when given (--kv-calib loads them)
+bool policy_requires_calibration(PolicyKind p); // ... and cannot run without them (triattention; not trispan)
 // Recent queries the policy looks at (SnapKV/R-KV: 8, TOVA: 1).
 int32_t policy_query_window(PolicyKind p);
 

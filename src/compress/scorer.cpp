@@ -17,6 +17,7 @@ std::unique_ptr<Scorer> make_scorer(const CompressConfig& cfg, const ModelConfig
     case PolicyKind::RKV:
     case PolicyKind::TOVA: return make_window_scorer(cfg, model);
     case PolicyKind::H2O: return make_h2o_scorer();
+    case PolicyKind::TriSpan: return make_trispan_scorer(cfg, model);
   }
   return nullptr;
 }
@@ -39,6 +40,7 @@ ScorerNeeds scorer_needs(PolicyKind p) {
 bool policy_needs_queries(PolicyKind p) { return scorer_needs(p).query_window > 0; }
 bool policy_needs_key_mass(PolicyKind p) { return scorer_needs(p).key_mass; }
 bool policy_needs_calibration(PolicyKind p) { return scorer_needs(p).calibration; }
+bool policy_requires_calibration(PolicyKind p) { return scorer_needs(p).calibration && !scorer_needs(p).calibration_optional; }
 int32_t policy_query_window(PolicyKind p) { return scorer_needs(p).query_window; }
 
 }  // namespace kvpack::compress

@@ -15,6 +15,11 @@
 //   tova          last query's attention averaged over all heads of the layer (shared by its KV heads)
 //                                                                     scorer_window.cpp
 //   h2o           accumulated attention probability mass (from the attention kernel)  scorer_h2o.cpp
+//   trispan       spans of novel keys first (cosine of each un-rotated key to the running mean of every key
+//                 the stream has seen, standardised, averaged over streams, smoothed over +-2 positions,
+//                 hysteresis runs padded by 2), then 0.5 z(TriAttention) + 0.5 z(recency); recency alone
+//                 without calibration; one keep set for all streams that hold the same positions
+//                                                                     scorer_trispan.cpp
 //
 // The per-key arithmetic lives in kernels/key_scoring.h; a scorer is policy over those numbers.
 // Each scorer declares what it needs (ScorerNeeds); policy_needs_* in config.h are derived from it.
@@ -39,7 +44,8 @@ namespace kvpack::compress {
 struct ScorerNeeds {
   int32_t query_window = 0;  // recent post-RoPE query rows kept per layer (0 = none)
   bool key_mass = false;     // the attention kernel must accumulate per-key probability mass
-  bool calibration = false;  // calibrated query statistics (kvpack calibrate)
+  bool calibration = false;  // calibrated query statistics (kvpack calibrate): used when the engine has them
+  bool calibration_optional = false;  // ... and not required (the scorer runs without them)
 };
 
 // What a scorer may read at an event. Members a scorer does not declare in its needs may be null.

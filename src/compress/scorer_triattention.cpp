@@ -5,6 +5,7 @@
 // per-band weights u_re / u_im built here; kernels::tri_key_scores does the per-key work).
 // z-normalised per query head, max over the GQA group; with a uniform split, one keep set per KV head
 // shared by all layers (mean over layers of the per-layer scores).
+#include <algorithm>
 #include <cmath>
 
 #include "compress/scorer_impl.h"
@@ -61,6 +62,23 @@ kernels::TriWeights TriBandWeights::view() const {
 }
 
 namespace scorer_detail {
+
+void tri_stream_scores(const QueryStats& qs, const ModelConfig& mc, const kv::SequenceKv& kv, int32_t layer, int32_t h,
+                       std::span<const float> C, std::span<const float> S, std::vector<float>& out) {
+  const int32_t G = mc.group();
+  const int32_t s = kv.stream_index(layer, h);
+  const int32_t n = kv.n_slots(s);
+  TriBandWeights w(qs, layer, h, G, mc.rope_neox, C, S);
+  std::vector<float> all(static_cast<size_t>(G) * n);
+  kernels::tri_key_scores(kv.view(s), w.view(), all.data());
+  out.assign(static_cast<size_t>(n), -INFINITY);
+  for (int32_t g = 0; g < G; ++g) {
+    std::span<float> head(all.data() + static_cast<size_t>(g) * n, static_cast<size_t>(n));
+    z_normalize(head);
+    for (int32_t j = 0; j < n; ++j) out[static_cast<size_t>(j)] = std::max(out[static_cast<size_t>(j)], head[static_cast<size_t>(j)]);
+  }
+}
+
 namespace {
 
 class TriAttentionScorer final : public Scorer {
@@ -83,20 +101,7 @@ class TriAttentionScorer final : public Scorer {
 
  private:
   void score_stream(const ScoringInputs& in, int32_t layer, int32_t h, std::vector<std::vector<float>>& scores) const {
-    const QueryStats& qs = *in.calibration;
-    const int32_t G = mc_.group();
-    const int32_t s = in.kv.stream_index(layer, h);
-    const int32_t n = in.kv.n_slots(s);
-    TriBandWeights w(qs, layer, h, G, mc_.rope_neox, C_, S_);
-    std::vector<float> all(static_cast<size_t>(G) * n);
-    kernels::tri_key_scores(in.kv.view(s), w.view(), all.data());
-    std::vector<float>& out = scores[static_cast<size_t>(s)];
-    out.assign(static_cast<size_t>(n), -INFINITY);
-    for (int32_t g = 0; g < G; ++g) {
-      std::span<float> head(all.data() + static_cast<size_t>(g) * n, static_cast<size_t>(n));
-      z_normalize(head);
-      for (int32_t j = 0; j < n; ++j) out[static_cast<size_t>(j)] = std::max(out[static_cast<size_t>(j)], head[static_cast<size_t>(j)]);
-    }
+    tri_stream_scores(*in.calibration, mc_, in.kv, layer, h, C_, S_, scores[static_cast<size_t>(in.kv.stream_index(layer, h))]);
   }
 
   // TriAttention's default selection: one keep set per KV head shared by all layers, from the mean over

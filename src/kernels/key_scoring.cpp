@@ -59,6 +59,14 @@ void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out) {
   ks_detail::key_redundancy_scalar(kv, w_tail, out);
 }
 
+void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out) {
+  check(kv, "key_novelty");
+  if (r.rot_dims < 0 || r.rot_dims > kv.head_dim || r.rot_dims % 2 != 0 || (r.rot_dims > 0 && kv.n_slots > 0 && r.cs == nullptr))
+    throw std::invalid_argument("key_novelty: rot_dims must be even, <= head_dim, with a table");
+  if (from < 0 || from > kv.n_slots) throw std::invalid_argument("key_novelty: from out of range");
+  ks_detail::key_novelty_scalar(kv, r, from, sum, out);
+}
+
 const char* key_scoring_isa() { return isa_name(selected_isa(kKeyScoringIsa)); }
 
 }  // namespace kvpack::kernels

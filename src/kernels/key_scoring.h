@@ -9,6 +9,8 @@
 //   window_logits      max over the GQA group of (q_i · k_j)·scale for w recent queries (SnapKV, R-KV)
 //   group_logits       (q_g · k_j)·scale for each query head g of the group (TOVA's last query)
 //   key_redundancy     R-KV's cosine redundancy of every key against all the others
+//   key_novelty        cosine of each unit pre-RoPE key to a running sum of them (TriSpan's novelty),
+//                      the sum updated with the stream's new slots first
 //
 // Dispatch: kernels/cpu_features, family kKeyScoringIsa (KVPACK_ISA forces it like every family).
 // Only tri_key_scores has an ISA-specific path, AVX-512 for F16 keys in NeoX layout (the production
@@ -54,6 +56,21 @@ void group_logits(const KvStreamView& kv, const float* q, int32_t group, float s
 // (a row without one zeroes column 0); out[j] = softmax_j(mean_i C[i, j]) for j < n - w_tail, 0 in the
 // last w_tail slots.
 void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out);
+
+// Unit pre-RoPE keys for key_novelty: u_j = R(-p_j) k_j / ||k_j||, the rotation undone with the inverse
+// angles of slot j's position. cs = [n_slots][rot_dims / 2] (cos, sin) pairs as kernels::rope_table writes
+// them for the NEGATED positions (the caller builds one table per position list; every stream holding the
+// same positions shares it); rot_dims <= head_dim (the first rot_dims elements are rotated); neox: the
+// pairing of rope_apply ((i, i + rot_dims / 2), else (2i, 2i + 1)).
+struct KeyUnrotate {
+  const float* cs = nullptr;
+  int32_t rot_dims = 0;
+  bool neox = false;
+};
+// TriSpan's key novelty of one stream: first sum[e] += u_j[e] (f64) for the slots j >= from (the slots the
+// stream has not seen before), then out[j] = u_j · sum / ||sum|| for every slot j < n_slots (0 where the key
+// or the sum is zero). sum has head_dim entries.
+void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
 
 // The path key scoring runs here ("scalar", "avx2" (= scalar code), "avx512").
 const char* key_scoring_isa();

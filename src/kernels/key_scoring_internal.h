@@ -15,5 +15,6 @@ void window_logits_scalar(const KvStreamView& kv, const float* q, int64_t q_stri
                           float scale, float* logits);
 void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
 void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out);
+void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
 
 }  // namespace kvpack::kernels::ks_detail

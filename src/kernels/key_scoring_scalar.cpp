@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/key_scoring_internal.h"
+#include "kernels/ops.h"
 
 namespace kvpack::kernels::ks_detail {
 namespace {
@@ -133,6 +134,32 @@ void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out) {
   for (int32_t j = 0; j < n; ++j) sum += std::exp(col[static_cast<size_t>(j)] / n - mx);
   for (int32_t j = 0; j < n; ++j)
     out[j] = j < m ? static_cast<float>(std::exp(col[static_cast<size_t>(j)] / n - mx) / sum) : 0.0f;
+}
+
+void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out) {
+  const int32_t n = kv.n_slots, hd = kv.head_dim, half = r.rot_dims / 2;
+  // Pass 1 keeps the unit pre-RoPE rows (n x head_dim); pass 2 needs the updated sum first.
+  std::vector<float> keys(static_cast<size_t>(n) * hd), rows;
+  for_each_key_page(kv, rows, [&](int32_t s0, int32_t cnt, const float* src) {
+    std::copy(src, src + static_cast<size_t>(cnt) * hd, keys.begin() + static_cast<std::ptrdiff_t>(s0) * hd);
+  });
+  for (int32_t j = 0; j < n; ++j) {
+    float* k = keys.data() + static_cast<size_t>(j) * hd;
+    if (r.rot_dims > 0) rope_apply(k, r.cs + static_cast<size_t>(j) * half * 2, r.rot_dims, r.neox);
+    double ss = 0;
+    for (int32_t e = 0; e < hd; ++e) ss += static_cast<double>(k[e]) * k[e];
+    const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
+    for (int32_t e = 0; e < hd; ++e) k[e] *= inv;
+    if (j >= from)
+      for (int32_t e = 0; e < hd; ++e) sum[e] += k[e];
+  }
+  double norm = 0;
+  for (int32_t e = 0; e < hd; ++e) norm += sum[e] * sum[e];
+  norm = std::sqrt(norm);
+  std::vector<float> dir(static_cast<size_t>(hd), 0.0f);
+  if (norm > 0)
+    for (int32_t e = 0; e < hd; ++e) dir[static_cast<size_t>(e)] = static_cast<float>(sum[e] / norm);
+  for (int32_t j = 0; j < n; ++j) out[j] = dot(keys.data() + static_cast<size_t>(j) * hd, dir.data(), hd);
 }
 
 }  // namespace kvpack::kernels::ks_detail

@@ -1,0 +1,223 @@
+// TriSpan: score-free KV compression that keeps whole spans of novel keys, then fills the budget with
+// TriAttention's score blended with recency (docs/kv-compression.md "TriSpan"). No attention scores.
+//
+// Per compression event, for every stream s (layer, KV head):
+//   u_j     = R(-p_j) k_j / ||k_j||          the slot's key un-rotated to pre-RoPE and normalised
+//   m_s     = running sum of u over EVERY token the stream has seen (new slots added at each event, so
+//             evicted tokens still count: the reference is the whole history, not the survivors)
+//   c_j     = -cos(u_j, m_s)                  key novelty
+//   nu_sj   = (c_j - mean_s) / sd_s           standardised with running moments of c (each token counted
+//                                             once, when first seen)
+// Streams that hold the same positions (with a uniform split: all of them) share one score vector:
+//   nu_j    = mean over the streams of nu_sj
+//   a_j     = mean of nu over the slots j-2 .. j+2                                   (span novelty)
+//   span    = maximal runs of consecutive slots with a > kSpanLow that reach a > kSpanHigh somewhere,
+//             padded by 2 slots on either side                                        (hysteresis)
+//   score_j = kTier + a_j                                       for slots in a span   (kept first)
+//           = (1 - kRecency) z(tri_j) + kRecency z(j)           otherwise, tri_j = mean over the streams
+//             of TriAttention's score (z per query head, max over the GQA group); without calibration
+//             statistics, z(j) alone (recency)
+// One keep set for the whole sequence: a token is kept or evicted in every layer and head at once, so a
+// span survives everywhere. Constants were chosen on the testbed model (docs/quality.md §4c) and are in
+// the units above (standardised novelty averaged over streams).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "compress/scorer_impl.h"
+#include "compress/selection.h"
+#include "kernels/key_scoring.h"
+#include "kernels/ops.h"
+
+namespace kvpack::compress::scorer_detail {
+namespace {
+
+constexpr int32_t kSmoothRadius = 2;  // span novelty: mean over the slots j-2 .. j+2
+constexpr float kSpanHigh = 0.9f;     // a span reaches this somewhere ...
+constexpr float kSpanLow = 0.5f;      // ... and extends while above this
+constexpr int32_t kSpanPad = 2;       // the 2 slots on either side of a span are kept with it (line delimiters)
+constexpr float kRecency = 0.5f;      // weight of recency against TriAttention's score outside the spans
+constexpr float kTier = 1000.0f;      // spans rank above every other slot (the other scores are z-scores)
+
+// FNV-1a over a stream's positions: streams with equal lists share one score vector.
+uint64_t positions_hash(const kv::SequenceKv& kv, int32_t s) {
+  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(kv.n_slots(s));
+  for (int32_t j = 0; j < kv.n_slots(s); ++j) {
+    h ^= static_cast<uint32_t>(kv.position(s, j));
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool same_positions(const kv::SequenceKv& kv, int32_t a, int32_t b) {
+  if (kv.n_slots(a) != kv.n_slots(b)) return false;
+  for (int32_t j = 0; j < kv.n_slots(a); ++j)
+    if (kv.position(a, j) != kv.position(b, j)) return false;
+  return true;
+}
+
+class TriSpanScorer final : public Scorer {
+ public:
+  TriSpanScorer(const CompressConfig&, const ModelConfig& model) : mc_(model) {}
+
+  ScorerNeeds needs() const override {
+    ScorerNeeds n;
+    n.calibration = true;            // uses TriAttention's statistics when the engine has them ...
+    n.calibration_optional = true;   // ... and runs without (recency outside the spans)
+    return n;
+  }
+
+  void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
+    const kv::SequenceKv& kv = in.kv;
+    const int32_t S = kv.n_streams();
+    if (static_cast<int32_t>(state_.size()) != S) {
+      state_.assign(static_cast<size_t>(S), StreamState{});
+      for (auto& st : state_) st.sum.assign(static_cast<size_t>(mc_.head_dim), 0.0);
+    }
+    group_streams(kv);
+    // TriAttention's term needs RoPE on the whole head (as validate() demands of triattention); otherwise
+    // the spans and recency alone.
+    const bool use_tri = in.calibration != nullptr && mc_.rope_dims == mc_.head_dim;
+    if (use_tri) tri_offset_table(mc_, kv.next_pos(), C_, S_);
+    nov_.resize(static_cast<size_t>(S));
+    tri_.resize(static_cast<size_t>(S));
+    auto task = [&](int32_t s) {
+      stream_novelty(kv, s, nov_[static_cast<size_t>(s)]);
+      if (use_tri) tri_stream_scores(*in.calibration, mc_, kv, s / mc_.n_head_kv, s % mc_.n_head_kv, C_, S_, tri_[static_cast<size_t>(s)]);
+    };
+    if (in.pool != nullptr) {
+      in.pool->run(S, [&](int t, int) { task(t); });
+    } else {
+      for (int32_t s = 0; s < S; ++s) task(s);
+    }
+    for (const Group& g : groups_) group_scores(kv, g, use_tri, scores);
+  }
+
+ private:
+  struct StreamState {
+    std::vector<double> sum;  // running sum of unit pre-RoPE keys
+    int32_t last_pos = -1;    // highest position seen
+    double n = 0, s1 = 0, s2 = 0;  // running moments of the novelty c
+  };
+  struct Group {
+    std::vector<int32_t> streams;
+    std::vector<float> cs;  // inverse RoPE table of the group's positions
+  };
+
+  void group_streams(const kv::SequenceKv& kv) {
+    groups_.clear();
+    std::vector<uint64_t> hashes;
+    for (int32_t s = 0; s < kv.n_streams(); ++s) {
+      const uint64_t h = positions_hash(kv, s);
+      size_t g = 0;
+      for (; g < groups_.size(); ++g)
+        if (hashes[g] == h && same_positions(kv, groups_[g].streams[0], s)) break;
+      if (g == groups_.size()) {
+        groups_.push_back({});
+        hashes.push_back(h);
+      }
+      groups_[g].streams.push_back(s);
+    }
+    group_of_.assign(static_cast<size_t>(kv.n_streams()), 0);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (int32_t s : groups_[g].streams) group_of_[static_cast<size_t>(s)] = static_cast<int32_t>(g);
+      const int32_t s0 = groups_[g].streams[0], n = kv.n_slots(s0);
+      std::vector<int32_t> neg(static_cast<size_t>(n));
+      for (int32_t j = 0; j < n; ++j) neg[static_cast<size_t>(j)] = -kv.position(s0, j);
+      groups_[g].cs.resize(static_cast<size_t>(n) * static_cast<size_t>(mc_.rope_dims));
+      if (mc_.rope_dims > 0 && n > 0)
+        kernels::rope_table(neg.data(), n, mc_.rope_dims, mc_.rope_theta, 1.0f / mc_.rope_freq_scale, groups_[g].cs.data());
+    }
+  }
+
+  // nu_sj of every slot of stream s; updates the stream's running statistics with its new slots.
+  void stream_novelty(const kv::SequenceKv& kv, int32_t s, std::vector<float>& nu) {
+    StreamState& st = state_[static_cast<size_t>(s)];
+    const int32_t n = kv.n_slots(s);
+    int32_t from = n;  // slots are in position order: the unseen ones are a suffix
+    while (from > 0 && kv.position(s, from - 1) > st.last_pos) --from;
+    nu.resize(static_cast<size_t>(n));
+    if (n == 0) return;
+    kernels::KeyUnrotate r;
+    r.cs = groups_[static_cast<size_t>(group_of_[static_cast<size_t>(s)])].cs.data();
+    r.rot_dims = mc_.rope_dims;
+    r.neox = mc_.rope_neox;
+    kernels::key_novelty(kv.view(s), r, from, st.sum.data(), nu.data());
+    for (int32_t j = 0; j < n; ++j) nu[static_cast<size_t>(j)] = -nu[static_cast<size_t>(j)];
+    for (int32_t j = from; j < n; ++j) {
+      const double c = nu[static_cast<size_t>(j)];
+      st.n += 1;
+      st.s1 += c;
+      st.s2 += c * c;
+    }
+    st.last_pos = std::max(st.last_pos, kv.position(s, n - 1));
+    const double mean = st.s1 / st.n;
+    const double sd = std::max(std::sqrt(std::max(st.s2 / st.n - mean * mean, 0.0)), 1e-6);
+    for (auto& x : nu) x = static_cast<float>((x - mean) / sd);
+  }
+
+  void group_scores(const kv::SequenceKv& kv, const Group& g, bool use_tri, std::vector<std::vector<float>>& scores) const {
+    const int32_t s0 = g.streams[0], n = kv.n_slots(s0);
+    const float k = 1.0f / static_cast<float>(g.streams.size());
+    std::vector<float> nu(static_cast<size_t>(n), 0.0f), tier2(static_cast<size_t>(n), 0.0f);
+    for (int32_t s : g.streams)
+      for (int32_t j = 0; j < n; ++j) nu[static_cast<size_t>(j)] += nov_[static_cast<size_t>(s)][static_cast<size_t>(j)] * k;
+    // Span novelty: mean over the neighbouring slots. Neighbours are slots, not positions: after a
+    // compaction the survivors of a span are adjacent (tested: position windows kept fewer lines).
+    std::vector<float> a(static_cast<size_t>(n));
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t lo = std::max(0, j - kSmoothRadius), hi = std::min(n - 1, j + kSmoothRadius);
+      double sum = 0;
+      for (int32_t x = lo; x <= hi; ++x) sum += nu[static_cast<size_t>(x)];
+      a[static_cast<size_t>(j)] = static_cast<float>(sum / (hi - lo + 1));
+    }
+    // Spans: runs above kSpanLow that reach kSpanHigh, padded by kSpanPad slots.
+    std::vector<char> span(static_cast<size_t>(n), 0), padded(static_cast<size_t>(n), 0);
+    for (int32_t j = 0; j < n;) {
+      if (a[static_cast<size_t>(j)] <= kSpanLow) {
+        ++j;
+        continue;
+      }
+      int32_t e = j;
+      bool high = false;
+      for (; e < n && a[static_cast<size_t>(e)] > kSpanLow; ++e) high |= a[static_cast<size_t>(e)] > kSpanHigh;
+      if (high) std::fill(span.begin() + j, span.begin() + e, 1);
+      j = e;
+    }
+    for (int32_t j = 0; j < n; ++j)
+      if (span[static_cast<size_t>(j)])
+        std::fill(padded.begin() + std::max(0, j - kSpanPad), padded.begin() + std::min(n, j + kSpanPad + 1), 1);
+    // Outside the spans: TriAttention blended with recency (recency alone without calibration).
+    std::vector<float> rank(static_cast<size_t>(n));
+    for (int32_t j = 0; j < n; ++j) rank[static_cast<size_t>(j)] = static_cast<float>(j);
+    z_normalize(rank);
+    const float w_rec = use_tri ? kRecency : 1.0f;
+    if (use_tri) {
+      for (int32_t s : g.streams)
+        for (int32_t j = 0; j < n; ++j) tier2[static_cast<size_t>(j)] += tri_[static_cast<size_t>(s)][static_cast<size_t>(j)] * k;
+      z_normalize(tier2);
+    }
+    for (int32_t j = 0; j < n; ++j)
+      tier2[static_cast<size_t>(j)] = (1.0f - w_rec) * tier2[static_cast<size_t>(j)] + w_rec * rank[static_cast<size_t>(j)];
+    std::vector<float>& out = scores[static_cast<size_t>(s0)];
+    out.resize(static_cast<size_t>(n));
+    for (int32_t j = 0; j < n; ++j)
+      out[static_cast<size_t>(j)] = padded[static_cast<size_t>(j)] ? kTier + a[static_cast<size_t>(j)] : tier2[static_cast<size_t>(j)];
+    for (size_t i = 1; i < g.streams.size(); ++i) scores[static_cast<size_t>(g.streams[i])] = out;
+  }
+
+  const ModelConfig mc_;
+  std::vector<StreamState> state_;
+  std::vector<Group> groups_;
+  std::vector<int32_t> group_of_;
+  std::vector<std::vector<float>> nov_, tri_;  // per-event, per stream
+  std::vector<float> C_, S_;                   // TriAttention's offset tables of the event
+};
+
+}  // namespace
+
+std::unique_ptr<Scorer> make_trispan_scorer(const CompressConfig& cfg, const ModelConfig& model) {
+  return std::make_unique<TriSpanScorer>(cfg, model);
+}
+
+}  // namespace kvpack::compress::scorer_detail
