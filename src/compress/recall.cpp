@@ -73,7 +73,8 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
   // Cold bounds: log of the bounded share of each page against the hot mass, worst query vector.
   const auto pages = cold.pages(s);
   w.bound.assign(pages.size(), kNegInf);
-  std::vector<double> share_sum(static_cast<size_t>(nq), 0.0);
+  std::vector<double>& share_sum = w.share_sum;
+  share_sum.assign(static_cast<size_t>(nq), 0.0);
   for (size_t p = 0; p < pages.size(); ++p) {
     if (pages[p].lost || pages[p].n_slots == 0) continue;
     const auto d = cold.digest(s, static_cast<int32_t>(p));
@@ -87,8 +88,6 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
       share_sum[static_cast<size_t>(v)] += std::exp(std::min(80.0, static_cast<double>(log_share)));
     }
   }
-  w.bounded_share = 0;
-  for (double x : share_sum) w.bounded_share = std::max(w.bounded_share, x);
   w.order.resize(pages.size());
   std::iota(w.order.begin(), w.order.end(), 0);
   std::sort(w.order.begin(), w.order.end(), [&](int32_t a, int32_t b) {
@@ -150,27 +149,11 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     }
     if (page_max_share >= cfg_.min_share) recall.push_back({p, best, record_});
   }
-  // Drift of this stream: the bounded total with the pages read replaced by their exact share.
+  // Drift of this stream: the bounded total (score_stream) with the pages read replaced by their exact share.
   double drift = 0;
-  {
-    // Recompute the per-vector bounded sums (score_stream kept only the worst one).
-    std::vector<double> total(static_cast<size_t>(nq), 0.0);
-    const auto pages = cold.pages(s);
-    for (size_t p = 0; p < pages.size(); ++p) {
-      if (pages[p].lost || pages[p].n_slots == 0) continue;
-      const auto d = cold.digest(s, static_cast<int32_t>(p));
-      for (int32_t v = 0; v < nq; ++v) {
-        const float* q = w.q.data() + static_cast<size_t>(v) * hd;
-        float b = 0;
-        for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
-        total[static_cast<size_t>(v)] +=
-            std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(pages[p].n_slots)) - w.lse[static_cast<size_t>(v)])));
-      }
-    }
-    for (int32_t v = 0; v < nq; ++v) {
-      const double e = std::max(0.0, total[static_cast<size_t>(v)] - bound_of_read[static_cast<size_t>(v)]) + exact_sum[static_cast<size_t>(v)];
-      drift = std::max(drift, e / (1.0 + e));
-    }
+  for (int32_t v = 0; v < nq; ++v) {
+    const double e = std::max(0.0, w.share_sum[static_cast<size_t>(v)] - bound_of_read[static_cast<size_t>(v)]) + exact_sum[static_cast<size_t>(v)];
+    drift = std::max(drift, e / (1.0 + e));
   }
   if (recall.empty() || !cfg_.bring_back) return drift;
 

@@ -83,7 +83,7 @@ class Recall {
     std::vector<float> slot_max;  // per hot slot: its logit, max over rows and heads
     std::vector<float> bound;     // per cold page: max over rows and heads of B_p - L (log share bound)
     std::vector<int32_t> order;   // cold pages by decreasing bound
-    double bounded_share = 0;     // worst row/head: sum over cold pages of the bounded shares
+    std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
   };
   void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
   // Reads, measures and exchanges for one stream; returns its drift and adds to stats_.
