@@ -110,7 +110,7 @@ void HostColdTier::put_many(std::span<const uint64_t> keys, std::span<const uint
   });
 }
 
-bool HostColdTier::settle_read(Slot s, bool verified, bool take) {
+bool HostColdTier::settle_read(Slot s, bool verified) {
   if (!verified) {
     if (!logged_mismatch_) {
       std::fprintf(stderr, "[kvpack] cold tier: checksum mismatch in host memory slot %d (record dropped)\n", s);
@@ -121,11 +121,7 @@ bool HostColdTier::settle_read(Slot s, bool verified, bool take) {
     ++stats_.misses;
     return false;
   }
-  if (take) {
-    index_.release(s);
-  } else {
-    index_.touch(s);
-  }
+  index_.touch(s);
   ++stats_.hits;
   stats_.bytes_read += record_bytes_;
   return true;
@@ -142,7 +138,7 @@ bool HostColdTier::get(uint64_t key, std::span<uint8_t> out) {
   }
   std::memcpy(out.data(), record_at(s), record_bytes_);
   // Verified under the lock: a 8 KiB XXH3 costs well under a microsecond, and the stats stay exact.
-  return settle_read(s, cold::record_checksum(key, out, 0) == checksum_[static_cast<size_t>(s)], false);
+  return settle_read(s, cold::record_checksum(key, out, 0) == checksum_[static_cast<size_t>(s)]);
 }
 
 void HostColdTier::get_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok) {
@@ -211,7 +207,7 @@ void HostColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
       }
       continue;
     }
-    ok[c.index] = settle_read(c.slot, c.verified, false);
+    ok[c.index] = settle_read(c.slot, c.verified);
   }
 }
 

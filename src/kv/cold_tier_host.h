@@ -56,8 +56,8 @@ class HostColdTier final : public cold::IndexedTier {
   // nullptr (stats counted) when none can be had. The caller copies the bytes in.
   uint8_t* place(uint64_t key, uint64_t sum);
   // Under mu_: the outcome of reading slot `s` (verified == its checksum matched); false on a mismatch.
-  // A hit is refreshed in the LRU, or released when `take`.
-  bool settle_read(cold::Slot s, bool verified, bool take);
+  // A hit is refreshed in the LRU (take_many forgets its records itself, beside the copies).
+  bool settle_read(cold::Slot s, bool verified);
   void read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take);
 
   const size_t slots_per_slab_;
