@@ -339,7 +339,10 @@ TEST_F(ServerTest, TinyPagePoolForcesPreemptionAndEveryRequestCompletesCorrectly
   EXPECT_GT(metric(m, "kvpack_preemptions_total{reason=\"lru\"}"), 0);
   EXPECT_EQ(metric(m, "kvpack_kv_pages_total"), 300);
   EXPECT_EQ(metric(m, "kvpack_kv_pages_used"), 0);
-  EXPECT_EQ(metric(m, "kvpack_requests_finished_total"), static_cast<double>(kPrompts.size()));
+  EXPECT_EQ(metric(m, "vllm:request_success_total{model_name=\"" + srv->options().model_id + "\",finished_reason=\"length\"}"),
+            static_cast<double>(kPrompts.size()));
+  EXPECT_EQ(metric(m, "vllm:num_preemptions_total{model_name=\"" + srv->options().model_id + "\"}"),
+            metric(m, "kvpack_preemptions_total{reason=\"lru\"}"));
 }
 
 TEST_F(ServerTest, ClientThatDisconnectsHasItsRequestCancelledAndPagesFreed) {
@@ -381,8 +384,9 @@ TEST_F(ServerTest, ClientThatDisconnectsHasItsRequestCancelledAndPagesFreed) {
   }, 10)) << "the blocking request was not cancelled";
   EXPECT_EQ(engine->kv().pool().used_pages(), 0);
   const std::string m1 = get(port, "/metrics").raw;
-  EXPECT_EQ(metric(m1, "kvpack_requests_running"), 0);
-  EXPECT_EQ(metric(m1, "kvpack_requests_cancelled_total"), 2);
+  const std::string model = "{model_name=\"" + srv->options().model_id + "\"";
+  EXPECT_EQ(metric(m1, "vllm:num_requests_running" + model + "}"), 0);
+  EXPECT_EQ(metric(m1, "vllm:request_success_total" + model + ",finished_reason=\"abort\"}"), 2);
   EXPECT_EQ(metric(m1, "kvpack_http_client_disconnects_total"), 2);
 
   // The pool gauges in /metrics are published at the end of a step that ran a batch; a cancel that
@@ -535,20 +539,33 @@ TEST_F(ServerTest, MetricsAgreeWithThePoolAndTheScheduler) {
   EXPECT_EQ(metric(m, "kvpack_kv_pages_used"), engine->kv().pool().used_pages());
   EXPECT_EQ(metric(m, "kvpack_kv_pages_free"), engine->kv().pool().free_pages());
   EXPECT_EQ(metric(m, "kvpack_kv_resident_bytes"), static_cast<double>(engine->kv().pool().used_bytes()));
-  // Compression counters equal the scheduler's.
+  // Compression counters equal the scheduler's, under the policy that ran (the plain requests ran none).
   EXPECT_GT(sm.compression.freed_pages, 0);
-  EXPECT_EQ(metric(m, "kvpack_kv_freed_pages_total"), sm.compression.freed_pages);
-  EXPECT_EQ(metric(m, "kvpack_kv_evicted_slots_total"), sm.compression.evicted_slots);
-  EXPECT_EQ(metric(m, "kvpack_kv_evicted_tokens_total"), sm.compression.evicted_slots / 20);
-  EXPECT_EQ(metric(m, "kvpack_kv_compactions_total"), sm.compression.events);
-  EXPECT_DOUBLE_EQ(metric(m, "kvpack_kv_reclaim_efficiency"), sm.compression.reclaim_efficiency());
+  ASSERT_EQ(sm.compression_by_policy.size(), 1u);
+  EXPECT_EQ(sm.compression_by_policy.begin()->first, "knorm");
+  const std::string knorm = "{policy=\"knorm\"}";
+  EXPECT_EQ(metric(m, "kvpack_kv_freed_pages_total" + knorm), sm.compression.freed_pages);
+  EXPECT_EQ(metric(m, "kvpack_kv_evicted_slots_total" + knorm), sm.compression.evicted_slots);
+  EXPECT_EQ(metric(m, "kvpack_kv_evicted_tokens_total" + knorm), sm.compression.evicted_slots / 20);
+  EXPECT_EQ(metric(m, "kvpack_kv_compactions_total" + knorm), sm.compression.events);
+  EXPECT_DOUBLE_EQ(metric(m, "kvpack_kv_reclaim_efficiency" + knorm), sm.compression.reclaim_efficiency());
   EXPECT_GT(sm.compression.reclaim_efficiency(), 0.9);
-  EXPECT_NEAR(metric(m, "kvpack_kv_compaction_seconds_total"), sm.compression.seconds, 1e-12);
-  // Requests and tokens.
-  EXPECT_EQ(metric(m, "kvpack_requests_finished_total"), 5);
-  EXPECT_EQ(metric(m, "kvpack_generated_tokens_total"), completion_tokens);
-  EXPECT_EQ(metric(m, "kvpack_time_to_first_token_seconds_count"), 5);
-  EXPECT_EQ(metric(m, "kvpack_inter_token_latency_seconds_count"), completion_tokens - 5);
+  EXPECT_NEAR(metric(m, "kvpack_kv_compaction_seconds_total" + knorm), sm.compression.seconds, 1e-12);
+  EXPECT_EQ(m.find("kvpack_kv_drift_max{"), std::string::npos) << "no recall check ran: no drift sample";
+  // Requests, tokens and the request-level histograms (vLLM's names, with the model label).
+  const std::string model = "{model_name=\"" + srv->options().model_id + "\"";
+  EXPECT_EQ(metric(m, "vllm:request_success_total" + model + ",finished_reason=\"length\"}"), 5);
+  EXPECT_EQ(metric(m, "vllm:generation_tokens_total" + model + "}"), completion_tokens);
+  EXPECT_EQ(metric(m, "vllm:time_to_first_token_seconds_count" + model + "}"), 5);
+  EXPECT_EQ(metric(m, "vllm:inter_token_latency_seconds_count" + model + "}"), completion_tokens - 5);
+  EXPECT_EQ(metric(m, "vllm:e2e_request_latency_seconds_count" + model + "}"), 5);
+  EXPECT_EQ(metric(m, "vllm:request_queue_time_seconds_count" + model + "}"), 5);
+  EXPECT_EQ(metric(m, "vllm:request_generation_tokens_sum" + model + "}"), completion_tokens);
+  EXPECT_EQ(metric(m, "vllm:kv_cache_usage_perc" + model + "}"),
+            static_cast<double>(engine->kv().pool().used_pages()) / static_cast<double>(engine->kv().pool().capacity()));
+  EXPECT_EQ(metric(m, "kvpack_kv_pages_by_state{state=\"active\"}") + metric(m, "kvpack_kv_pages_by_state{state=\"cached\"}") +
+                metric(m, "kvpack_kv_pages_by_state{state=\"free\"}"),
+            engine->kv().pool().capacity());
   // httplib logs a response after writing it, so the client may be a moment ahead of this counter.
   EXPECT_TRUE(eventually([&] { return metric(get(port, "/metrics").raw, "kvpack_http_responses_total{code=\"200\"}") >= 5; }, 5));
 }

@@ -304,6 +304,7 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   st.compression = s->comp_before;
   if (s->comp) st.compression.add(s->comp->stats());
   finished_compression_.add(st.compression);
+  if (s->comp || st.compression.events > 0) finished_by_policy_[compress::policy_name(s->req.kv.policy)].add(st.compression);
   if (s->evicted) {
     st.evicted = s->evicted->stats();
     kv::EvictedStats gone = st.evicted;
@@ -317,9 +318,23 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   if (s->swapped) kv_->drop_swapped(*s->swapped);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reason == FinishReason::Cancelled) ++metrics_.requests_cancelled;
-    else if (reason == FinishReason::Error) ++metrics_.requests_failed;
-    else ++metrics_.requests_finished;
+    if (reason == FinishReason::Cancelled) {
+      ++metrics_.requests_cancelled;
+    } else if (reason == FinishReason::Error) {
+      ++metrics_.requests_failed;
+    } else {
+      ++metrics_.requests_finished;
+      ++(reason == FinishReason::Eos || reason == FinishReason::Stop ? metrics_.finished_stop : metrics_.finished_length);
+      const double end = now_s();
+      metrics_.e2e.observe(end - s->t_submit);
+      metrics_.queue.observe(st.queue_seconds);
+      if (s->first_token_done()) {
+        metrics_.prefill.observe(st.prefill_seconds);
+        metrics_.decode.observe(st.decode_seconds);
+      }
+      metrics_.request_prompt_tokens.observe(s->n_prompt);
+      metrics_.request_generation_tokens.observe(s->n_generated);
+    }
   }
   if (s->sink) s->sink(ev);
 }
@@ -511,6 +526,13 @@ void Scheduler::publish_metrics() {
     cs.add(s->comp_before);
   }
   for (auto& s : waiting_) cs.add(s->comp_before);
+  std::map<std::string, compress::CompressionStats> by_policy = finished_by_policy_;
+  for (const auto* q : {&running_, &waiting_})
+    for (auto& s : *q) {
+      compress::CompressionStats one = s->comp_before;
+      if (s->comp) one.add(s->comp->stats());
+      if (s->comp || one.events > 0) by_policy[compress::policy_name(s->req.kv.policy)].add(one);
+    }
   kv::EvictedStats ev = finished_evicted_;
   for (const auto* q : {&running_, &waiting_})
     for (auto& s : *q)
@@ -527,6 +549,7 @@ void Scheduler::publish_metrics() {
   metrics_.peak_running = std::max(metrics_.peak_running, metrics_.running);
   metrics_.steps = static_cast<int64_t>(step_no_);
   metrics_.compression = cs;
+  metrics_.compression_by_policy = std::move(by_policy);
   metrics_.prefix = kv_->prefix_stats();
   metrics_.cold = kv_->cold_usage();
   metrics_.evicted = ev;

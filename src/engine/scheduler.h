@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,10 +72,13 @@ struct SchedulerMetrics {
   uint64_t resident_kv_bytes = 0, page_bytes = 0;
   int64_t running = 0, waiting = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+  int64_t finished_stop = 0, finished_length = 0;  // requests_finished split as vLLM's finished_reason (eos counts as stop)
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   int64_t preemptions_lru = 0, preemptions_lfu = 0, preemptions_priority = 0;
   int64_t peak_running = 0;
   compress::CompressionStats compression;  // totals over all sequences (finished + running)
+  // The same totals by the policy that produced them (policy name -> stats; only policies that ran).
+  std::map<std::string, compress::CompressionStats> compression_by_policy;
   kv::PrefixCacheStats prefix;
   kv::ColdUsage cold;
   kv::EvictedStats evicted;        // evicted slots kept in the cold tier: totals; digest_bytes = held now
@@ -83,6 +87,13 @@ struct SchedulerMetrics {
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram swap_out{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};  // seconds per swap
   Histogram swap_in{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+  // Per finished request (not cancelled / failed), as vLLM's request-level histograms.
+  Histogram e2e{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300}};      // submit -> finish
+  Histogram queue{{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};  // submit -> first admission
+  Histogram prefill{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};     // admission -> first token
+  Histogram decode{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300}};   // first token -> finish
+  Histogram request_prompt_tokens{{16, 64, 256, 1024, 4096, 16384, 65536, 262144}};
+  Histogram request_generation_tokens{{1, 8, 32, 128, 512, 2048, 8192, 32768}};
 };
 
 class Scheduler {
@@ -145,6 +156,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   uint64_t step_no_ = 0;
   compress::CompressionStats finished_compression_;
+  std::map<std::string, compress::CompressionStats> finished_by_policy_;
   kv::EvictedStats finished_evicted_;  // digest_bytes stays 0: finished sequences hold none
   StepPlan plan_;
   std::vector<Sequence*> order_, done_;

@@ -155,14 +155,6 @@ int64_t scrape(const std::string& metrics, const std::string& prefix, bool sum_l
   return static_cast<int64_t>(std::llround(total));
 }
 
-double scrape_double(const std::string& metrics, const std::string& name) {
-  std::istringstream in(metrics);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return 0;
-}
-
 }  // namespace
 
 const char* kind_name(Session::Kind k) {
@@ -290,9 +282,11 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
     const std::string& m = res->body;
     st.peak_running = scrape(m, "kvpack_requests_peak_running");
     st.preemptions = scrape(m, "kvpack_preemptions_total", true);
-    st.freed_pages = scrape(m, "kvpack_kv_freed_pages_total");
+    st.freed_pages = scrape(m, "kvpack_kv_freed_pages_total", true);  // summed over policies
     st.prefix_hit_tokens = scrape(m, "kvpack_prefix_cache_hit_tokens_total");
-    st.reclaim_efficiency = scrape_double(m, "kvpack_kv_reclaim_efficiency");
+    // Over all policies: freed bytes / evicted bytes (the per-policy gauges cannot be averaged).
+    const double evicted = static_cast<double>(scrape(m, "kvpack_kv_evicted_bytes_total", true));
+    st.reclaim_efficiency = evicted > 0 ? static_cast<double>(scrape(m, "kvpack_kv_freed_bytes_total", true)) / evicted : 0.0;
     st.swap_outs = scrape(m, "kvpack_kv_swap_outs_total");
     st.recomputes = scrape(m, "kvpack_kv_recomputes_total");
   }

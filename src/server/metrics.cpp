@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -34,19 +35,26 @@ class Writer {
     head("counter", name, help);
     for (const auto& [value, n] : values) sample(name + '{' + label + "=\"" + value + "\"}", n);
   }
-  void histogram(const std::string& name, const char* help, const Histogram& h) {
+  void histogram(const std::string& name, const char* help, const Histogram& h) { histogram(name, help, h, ""); }
+  // A labelled sample; `labels` is the inside of the braces ("" = none).
+  template <class T>
+  void labeled(const std::string& name, const std::string& labels, T value) {
+    sample(labels.empty() ? name : name + '{' + labels + '}', value);
+  }
+  void histogram(const std::string& name, const char* help, const Histogram& h, const std::string& labels) {
     head("histogram", name, help);
-    uint64_t cum = 0;  // Prometheus buckets are cumulative; Histogram's are per bucket
+    const std::string pre = labels.empty() ? "" : labels + ',';
+    uint64_t cum = 0;
     for (size_t i = 0; i < h.bounds.size(); ++i) {
       cum += h.counts[i];
       char le[64];
       std::snprintf(le, sizeof le, "%g", h.bounds[i]);
-      sample(name + "_bucket{le=\"" + le + "\"}", cum);
+      sample(name + "_bucket{" + pre + "le=\"" + le + "\"}", cum);
     }
     if (!h.counts.empty()) cum += h.counts.back();
-    sample(name + "_bucket{le=\"+Inf\"}", cum);
-    sample(name + "_sum", h.sum);
-    sample(name + "_count", h.count);
+    sample(name + "_bucket{" + pre + "le=\"+Inf\"}", cum);
+    labeled(name + "_sum", labels, h.sum);
+    labeled(name + "_count", labels, h.count);
   }
   std::string str() const { return os_.str(); }
 
@@ -54,11 +62,67 @@ class Writer {
   std::ostringstream os_;
 };
 
+// One family per compression figure, one sample per policy that ran (none before the first compressed
+// request: no made-up zeros).
+template <class F>
+void per_policy(Writer& w, const SchedulerMetrics& m, const char* type, const std::string& name, const char* help, F value) {
+  w.head(type, name, help);
+  for (const auto& [policy, st] : m.compression_by_policy) {
+    const std::optional<double> v = value(st);
+    if (v) w.labeled(name, "policy=\"" + escape_label_value(policy) + '"', *v);
+  }
+}
+
+std::optional<double> count(double v) { return v; }
+
 }  // namespace
 
-std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int64_t kv_streams) {
+std::string escape_label_value(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char ch : v) {
+    if (ch == '\\') out += "\\\\";
+    else if (ch == '"') out += "\\\"";
+    else if (ch == '\n') out += "\\n";
+    else out += ch;
+  }
+  return out;
+}
+
+std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, const MetricsContext& ctx) {
   Writer w;
-  const auto& c = m.compression;
+  const int64_t kv_streams = ctx.kv_streams;
+  const std::string model = "model_name=\"" + escape_label_value(ctx.model_name) + '"';
+  // vLLM's names for the same concepts (see metrics.h).
+  w.head("gauge", "vllm:num_requests_running", "Requests in the running batch.");
+  w.labeled("vllm:num_requests_running", model, m.running);
+  w.head("gauge", "vllm:num_requests_waiting", "Requests waiting for admission (preempted ones included).");
+  w.labeled("vllm:num_requests_waiting", model, m.waiting);
+  w.head("gauge", "vllm:kv_cache_usage_perc",
+         "Fraction of KV pages held by running sequences (0-1); cached-free prefix pages count as free (kvpack_kv_pages_by_state).");
+  w.labeled("vllm:kv_cache_usage_perc", model, m.pages_total > 0 ? static_cast<double>(m.pages_used) / static_cast<double>(m.pages_total) : 0.0);
+  w.head("counter", "vllm:prompt_tokens_total", "Prompt tokens of admitted requests.");
+  w.labeled("vllm:prompt_tokens_total", model, m.prompt_tokens);
+  w.head("counter", "vllm:generation_tokens_total", "Tokens generated.");
+  w.labeled("vllm:generation_tokens_total", model, m.generated_tokens);
+  w.head("counter", "vllm:num_preemptions_total", "Running sequences preempted to free KV pages (kvpack_preemptions_total splits them by victim policy).");
+  w.labeled("vllm:num_preemptions_total", model, m.preemptions_lru + m.preemptions_lfu + m.preemptions_priority);
+  w.head("counter", "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (full blocks).");
+  w.labeled("vllm:prefix_cache_queries_total", model, m.prefix.blocks_queried * ctx.page_size);
+  w.head("counter", "vllm:prefix_cache_hits_total", "Prompt tokens whose KV the prefix cache supplied (either tier).");
+  w.labeled("vllm:prefix_cache_hits_total", model, m.prefix.tokens_hit);
+  w.head("counter", "vllm:request_success_total", "Requests finished, by finished_reason (stop: end-of-generation or a stop string; length: max_tokens or the context; abort: cancelled).");
+  w.labeled("vllm:request_success_total", model + ",finished_reason=\"stop\"", m.finished_stop);
+  w.labeled("vllm:request_success_total", model + ",finished_reason=\"length\"", m.finished_length);
+  w.labeled("vllm:request_success_total", model + ",finished_reason=\"abort\"", m.requests_cancelled);
+  w.histogram("vllm:time_to_first_token_seconds", "Time from submission to the first generated token.", m.ttft, model);
+  w.histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a request.", m.itl, model);
+  w.histogram("vllm:e2e_request_latency_seconds", "Submission to finish, per finished request.", m.e2e, model);
+  w.histogram("vllm:request_queue_time_seconds", "Submission to first admission, per finished request.", m.queue, model);
+  w.histogram("vllm:request_prefill_time_seconds", "First admission to first token, per finished request.", m.prefill, model);
+  w.histogram("vllm:request_decode_time_seconds", "First token to finish, per finished request.", m.decode, model);
+  w.histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.", m.request_prompt_tokens, model);
+  w.histogram("vllm:request_generation_tokens", "Generated tokens per finished request.", m.request_generation_tokens, model);
   const auto& p = m.prefix;
   // KV page pool.
   w.metric("gauge", "kvpack_kv_pages_total", "KV page pool capacity in pages.", m.pages_total);
@@ -68,17 +132,27 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
            m.pages_cached_free);
   w.metric("gauge", "kvpack_kv_page_bytes", "Bytes per KV page (K and V).", m.page_bytes);
   w.metric("gauge", "kvpack_kv_resident_bytes", "Bytes of KV pages in use.", m.resident_kv_bytes);
-  // Compression.
-  w.metric("counter", "kvpack_kv_compactions_total", "KV compression events (evict + compact).", c.events);
-  w.metric("counter", "kvpack_kv_evicted_slots_total", "KV slots evicted, summed over layers and KV heads.", c.evicted_slots);
-  w.metric("counter", "kvpack_kv_evicted_tokens_total", "KV slots evicted divided by the number of (layer, KV head) streams.",
-           kv_streams > 0 ? c.evicted_slots / kv_streams : 0);
-  w.metric("counter", "kvpack_kv_evicted_bytes_total", "Bytes of K/V evicted.", c.evicted_bytes);
-  w.metric("counter", "kvpack_kv_freed_pages_total", "KV pages returned to the pool by compaction.", c.freed_pages);
-  w.metric("counter", "kvpack_kv_freed_bytes_total", "Bytes of KV pages returned to the pool by compaction.", c.freed_bytes);
-  w.metric("gauge", "kvpack_kv_reclaim_efficiency", "Freed bytes / evicted bytes (1 = every evicted byte came back as free pages).",
-           c.reclaim_efficiency());
-  w.metric("counter", "kvpack_kv_compaction_seconds_total", "Time spent scoring, selecting and compacting.", c.seconds);
+  w.head("gauge", "kvpack_kv_pages_by_state", "KV pages by state: active (held by running sequences), cached (free but still holding prefix-cache blocks, reused last), free.");
+  w.labeled("kvpack_kv_pages_by_state", "state=\"active\"", m.pages_used);
+  w.labeled("kvpack_kv_pages_by_state", "state=\"cached\"", m.pages_cached_free);
+  w.labeled("kvpack_kv_pages_by_state", "state=\"free\"", m.pages_free - m.pages_cached_free);
+  // Compression, by policy.
+  per_policy(w, m, "counter", "kvpack_kv_compactions_total", "KV compression events (evict + compact).",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.events)); });
+  per_policy(w, m, "counter", "kvpack_kv_evicted_slots_total", "KV slots evicted, summed over layers and KV heads.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.evicted_slots)); });
+  per_policy(w, m, "counter", "kvpack_kv_evicted_tokens_total", "KV slots evicted divided by the number of (layer, KV head) streams.",
+             [&](const compress::CompressionStats& c) { return count(static_cast<double>(kv_streams > 0 ? c.evicted_slots / kv_streams : 0)); });
+  per_policy(w, m, "counter", "kvpack_kv_evicted_bytes_total", "Bytes of K/V evicted.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.evicted_bytes)); });
+  per_policy(w, m, "counter", "kvpack_kv_freed_pages_total", "KV pages returned to the pool by compaction.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.freed_pages)); });
+  per_policy(w, m, "counter", "kvpack_kv_freed_bytes_total", "Bytes of KV pages returned to the pool by compaction.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.freed_bytes)); });
+  per_policy(w, m, "gauge", "kvpack_kv_reclaim_efficiency", "Freed bytes / evicted bytes (1 = every evicted byte came back as free pages); no sample before the policy's first eviction.",
+             [](const compress::CompressionStats& c) { return c.evicted_bytes > 0 ? std::optional<double>(c.reclaim_efficiency()) : std::nullopt; });
+  per_policy(w, m, "counter", "kvpack_kv_compaction_seconds_total", "Time spent scoring, selecting and compacting.",
+             [](const compress::CompressionStats& c) { return count(c.seconds); });
   // Prefix cache.
   w.metric("counter", "kvpack_prefix_cache_queries_total", "Prefix cache lookups (one per admission).", p.queries);
   w.metric("counter", "kvpack_prefix_cache_hits_total", "Lookups that reused at least one block.", p.hits);
@@ -110,12 +184,16 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
            e.pages_refused);
   w.metric("counter", "kvpack_kv_cold_evicted_lost_total", "Evicted cold pages found gone when read (LRU, checksum) or refused.",
            e.pages_lost);
-  const auto& rc = m.compression.recall;
-  w.metric("counter", "kvpack_kv_recall_checks_total", "Recall checks (digest bounds scored against the latest queries).", rc.checks);
-  w.metric("counter", "kvpack_kv_recall_pages_read_total", "Cold pages read by recall to measure them exactly.", rc.pages_read);
-  w.metric("counter", "kvpack_kv_recall_pages_total", "Cold pages recalled into the hot set.", rc.pages_recalled);
-  w.metric("counter", "kvpack_kv_recall_seconds_total", "Time spent in recall checks.", rc.seconds);
-  w.metric("gauge", "kvpack_kv_drift_max", "Largest drift estimate seen (share of attention evicted keys could hold).", rc.drift_max);
+  per_policy(w, m, "counter", "kvpack_kv_recall_checks_total", "Recall checks (digest bounds scored against the latest queries).",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.checks)); });
+  per_policy(w, m, "counter", "kvpack_kv_recall_pages_read_total", "Cold pages read by recall to measure them exactly.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.pages_read)); });
+  per_policy(w, m, "counter", "kvpack_kv_recall_pages_total", "Cold pages recalled into the hot set.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.pages_recalled)); });
+  per_policy(w, m, "counter", "kvpack_kv_recall_seconds_total", "Time spent in recall checks.",
+             [](const compress::CompressionStats& c) { return count(c.recall.seconds); });
+  per_policy(w, m, "gauge", "kvpack_kv_drift_max", "Largest drift estimate seen (share of attention evicted keys could hold); no sample before the first recall check.",
+             [](const compress::CompressionStats& c) { return c.recall.checks > 0 ? std::optional<double>(c.recall.drift_max) : std::nullopt; });
   w.metric("gauge", "kvpack_kv_cold_digest_bytes", "Hot memory held by the key digests of evicted cold pages (live sequences).",
            e.digest_bytes);
   w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);
@@ -129,17 +207,9 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, int
   // Scheduling.
   w.by_label("kvpack_preemptions_total", "Running sequences preempted (swapped out or recomputed) to free KV pages, by victim policy.",
              "reason", {{"lru", m.preemptions_lru}, {"lfu", m.preemptions_lfu}, {"priority", m.preemptions_priority}});
-  w.metric("gauge", "kvpack_requests_running", "Sequences in the running batch.", m.running);
-  w.metric("gauge", "kvpack_requests_waiting", "Requests queued for admission.", m.waiting);
   w.metric("gauge", "kvpack_requests_peak_running", "Largest running batch seen.", m.peak_running);
-  w.metric("counter", "kvpack_requests_finished_total", "Requests that completed (stop, eos, length).", m.requests_finished);
-  w.metric("counter", "kvpack_requests_cancelled_total", "Requests cancelled (e.g. the client went away).", m.requests_cancelled);
   w.metric("counter", "kvpack_requests_failed_total", "Requests that ended with an error.", m.requests_failed);
-  w.metric("counter", "kvpack_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens);
-  w.metric("counter", "kvpack_generated_tokens_total", "Tokens generated.", m.generated_tokens);
   w.metric("counter", "kvpack_scheduler_steps_total", "Scheduler steps (batched forward passes).", m.steps);
-  w.histogram("kvpack_time_to_first_token_seconds", "Time from submission to the first generated token.", m.ttft);
-  w.histogram("kvpack_inter_token_latency_seconds", "Time between consecutive tokens of a request.", m.itl);
   // HTTP layer.
   w.metric("gauge", "kvpack_http_active_requests", "Generation requests being served.", h.active_requests);
   w.metric("gauge", "kvpack_http_max_concurrent_requests", "Concurrency limit (--max-concurrent).", h.max_concurrent);

@@ -339,7 +339,11 @@ HttpStats Server::http_stats() const {
 
 std::string Server::metrics_text() const {
   const ModelConfig& c = engine_->model().config();
-  return render_prometheus(sched_->metrics(), http_stats(), static_cast<int64_t>(c.n_layer) * c.n_head_kv);
+  MetricsContext ctx;
+  ctx.kv_streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
+  ctx.model_name = opt_.model_id;
+  ctx.page_size = ctx_.page_size;
+  return render_prometheus(sched_->metrics(), http_stats(), ctx);
 }
 
 std::shared_ptr<Server::Slot> Server::acquire_slot(ApiError& err) {
