@@ -16,6 +16,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -596,4 +598,82 @@ TEST_F(ServerTest, StopEndsInFlightStreamsPromptly) {
   // Every stream ended: properly, with the shutdown error event, or by the connection closing.
   for (const auto& s : got) EXPECT_TRUE(s.done || !s.error.empty() || !s.transport_ok);
   EXPECT_EQ(get(port, "/health").status, 0);  // nothing listens any more
+}
+
+namespace {
+
+std::vector<json> read_json_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));  // throws on a broken line
+  return lines;
+}
+
+}  // namespace
+
+TEST_F(ServerTest, RequestLogHasOneLinePerRequestWithItsKvFigures) {
+  const std::string path = ::testing::TempDir() + "kvpack-request-log-" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(path.c_str());
+  server::ServerOptions opt;
+  opt.request_log = path;
+  opt.request_log_prompts = true;
+  start(opt);
+  json compressed = completion(kPrompts[0], 200, true);
+  compressed["kv_policy"] = "knorm";
+  compressed["kv_budget"] = 48;
+  const Reply a = post(port, "/v1/completions", compressed);
+  const Reply b = post(port, "/v1/completions", completion(kPrompts[1], 8, true));
+  ASSERT_EQ(a.status, 200) << a.raw;
+  ASSERT_EQ(b.status, 200) << b.raw;
+  // A stream whose client leaves after two chunks: logged as cancelled.
+  const Streamed gone = stream(port, "/v1/completions", completion(kPrompts[2], 500, true), [](int chunks) { return chunks < 2; });
+  EXPECT_FALSE(gone.done);
+  // A refused request never reaches the scheduler: no line.
+  EXPECT_EQ(post(port, "/v1/completions", json{{"prompt", 5}}).status, 400);
+  ASSERT_TRUE(eventually([&] { return srv->request_log()->lines() == 3; }, 20)) << srv->request_log()->lines();
+  srv->stop();
+
+  const std::vector<json> lines = read_json_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  std::map<std::string, json> by_id;
+  for (const json& l : lines) by_id[l["id"].get<std::string>()] = l;
+  ASSERT_TRUE(by_id.count(a.body["id"])) << lines[0].dump();
+  const json& la = by_id[a.body["id"]];
+  EXPECT_EQ(la["status"], "length");
+  EXPECT_EQ(la["endpoint"], "completions");
+  EXPECT_EQ(la["policy"], "knorm");
+  EXPECT_EQ(la["budget"], 48);
+  EXPECT_EQ(la["prompt_tokens"], a.body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(la["completion_tokens"], 200);
+  EXPECT_EQ(la["kv"]["evicted_tokens"], a.body["usage"]["kvpack"]["evicted_tokens"]);
+  EXPECT_EQ(la["kv"]["peak_hot_bytes"], a.body["usage"]["kvpack"]["peak_kv_bytes"]);
+  EXPECT_GT(la["kv"]["freed_pages"].get<int64_t>(), 0);
+  EXPECT_GT(la["kv"]["compactions"].get<int64_t>(), 0);
+  EXPECT_TRUE(la["kv"]["drift"].is_null());  // no recall ran
+  EXPECT_EQ(la["request"]["kv_budget"], 48);  // the body, with --request-log-prompts
+  EXPECT_LE(la["ttft_s"].get<double>(), la["e2e_s"].get<double>());
+  EXPECT_EQ(la["cached_tokens_hot"].get<int>() + la["cached_tokens_cold"].get<int>(), la["cached_tokens"].get<int>());
+  const json& lb = by_id[b.body["id"]];
+  EXPECT_EQ(lb["policy"], "full");
+  EXPECT_EQ(lb["budget"], 0);
+  EXPECT_EQ(lb["kv"]["compactions"], 0);
+  EXPECT_EQ(lb["kv"]["final_hot_bytes"], b.body["usage"]["kvpack"]["final_kv_bytes"]);
+  int cancelled = 0;
+  for (const json& l : lines)
+    if (l["status"] == "cancelled") {
+      ++cancelled;
+      EXPECT_TRUE(l["stream"].get<bool>());
+      EXPECT_LT(l["completion_tokens"].get<int>(), 500);
+    }
+  EXPECT_EQ(cancelled, 1);
+  std::remove(path.c_str());
+}
+
+TEST(RequestLog, AnUnopenablePathIsAClearError) {
+  try {
+    server::RequestLog log("/nonexistent-dir-kvpack/x.jsonl");
+    FAIL() << "opened";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir-kvpack/x.jsonl"), std::string::npos) << e.what();
+  }
 }

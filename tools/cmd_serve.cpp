@@ -69,6 +69,11 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 60000))
       ->capture_default_str();
   cmd->add_flag("--metrics-no-auth", so->metrics_no_auth, "Serve GET /metrics without the API key");
+  auto* request_log = cmd->add_option("--request-log", so->request_log,
+                  "Write one JSON line per request (tokens, cache hits by tier, KV bytes, evictions, drift, policy, times) to FILE (appended) or - (stderr)");
+  cmd->add_flag("--request-log-prompts", so->request_log_prompts,
+                "Include each request's body in its request-log line (what `kvpack analyze-prefix` reads; the log then holds prompts)")
+      ->needs(request_log);
   cmd->callback([=] {
     // Signals are taken synchronously by this thread (sigwait below): block them before any thread
     // (engine pool, scheduler, HTTP workers) starts, so every thread inherits the mask.

@@ -255,6 +255,7 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   opt_.http.max_body_bytes = opt_.limits.max_body_bytes;
   stats_.max_concurrent = opt_.max_concurrent;
   stats_.max_connections = opt_.http.max_connections;
+  if (!opt_.request_log.empty()) log_ = std::make_unique<RequestLog>(opt_.request_log);  // throws naming the path
   sched_ = std::make_unique<Scheduler>(engine, opt_.scheduler);
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -464,6 +465,7 @@ void Server::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
     acquire_slot(err);  // counts the refusal
     return reply(err);
   }
+  const auto received = std::chrono::steady_clock::now();
   ParseResult parsed = parse_request_body(ex->request().body, chat, ctx_);
   if (auto* e = std::get_if<ApiError>(&parsed)) return reply(*e);
   ParsedRequest& r = std::get<ParsedRequest>(parsed);
@@ -478,9 +480,29 @@ void Server::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   gen->stream = r.stream;
   gen->include_usage = r.include_usage;
   gen->meta = new_response_meta(chat, opt_.model_id);
+  EventSink sink = RequestChannel::sink(slot->channel);
+  if (log_) {
+    // The line is written on the scheduler thread when the request ends, however it ends (a client
+    // that went away included: its Finished(Cancelled) still comes through this sink).
+    RequestLogContext lc;
+    lc.id = gen->meta.id;
+    lc.endpoint = chat ? "chat" : "completions";
+    lc.model = opt_.model_id;
+    lc.stream = r.stream;
+    lc.policy = compress::policy_name(r.spec.kv.policy);
+    lc.budget = r.spec.kv.enabled() ? r.spec.kv.budget : 0;
+    lc.page_bytes = static_cast<int64_t>(ctx_page_bytes_);
+    lc.kv_streams = kv_streams_;
+    lc.received = received;
+    if (opt_.request_log_prompts) lc.request = json::parse(ex->request().body, nullptr, false);  // parsed above: valid
+    sink = [sink = std::move(sink), lc = std::move(lc), log = log_.get()](const RequestEvent& ev) {
+      if (ev.kind == RequestEvent::Kind::Finished) log->write(request_log_line(lc, ev));
+      sink(ev);
+    };
+  }
   uint64_t id = 0;
   try {
-    id = sched_->submit(std::move(r.spec), RequestChannel::sink(slot->channel));
+    id = sched_->submit(std::move(r.spec), std::move(sink));
   } catch (const std::invalid_argument& e) {  // e.g. a KV budget the policy cannot honour
     gen->done = true;
     slot.reset();  // before the answer: a closed-loop client must find its slot free

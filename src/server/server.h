@@ -33,6 +33,7 @@
 #include "server/api.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/request_log.h"
 
 namespace kvpack::server {
 
@@ -54,6 +55,8 @@ struct ServerOptions {
   int32_t worker_threads = 2;      // parse + tokenize request bodies off the I/O threads
   int32_t shutdown_grace_ms = 1000;  // stop(): how long in-flight responses get to finish
   int32_t keepalive_comment_s = 15;  // SSE comment sent on an idle stream (keeps proxies from timing out)
+  std::string request_log;         // "": none; "-": stderr; else a file appended to (server/request_log.h)
+  bool request_log_prompts = false;  // put each request's body in its log line (what analyze-prefix needs)
 };
 
 class Server {
@@ -77,6 +80,7 @@ class Server {
   Engine& engine() { return *engine_; }
   Scheduler& scheduler() { return *sched_; }
   HttpStats http_stats() const;
+  const RequestLog* request_log() const { return log_.get(); }
   std::string metrics_text() const;  // what GET /metrics returns
 
  private:
@@ -97,6 +101,7 @@ class Server {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WorkerPool> workers_;
+  std::unique_ptr<RequestLog> log_;  // null without ServerOptions::request_log
   int port_ = 0;
   size_t ctx_page_bytes_ = 0;
   int64_t kv_streams_ = 0;

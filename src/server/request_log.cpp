@@ -1,0 +1,113 @@
+#include "server/request_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+
+#include "server/api.h"
+
+namespace kvpack::server {
+
+RequestLog::RequestLog(const std::string& path) : path_(path) {
+  if (path == "-") {
+    fd_ = STDERR_FILENO;
+    return;
+  }
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd_ < 0) throw std::runtime_error("cannot open the request log " + path + ": " + std::strerror(errno));
+  owned_ = true;
+}
+
+RequestLog::~RequestLog() {
+  if (owned_) ::close(fd_);
+}
+
+void RequestLog::write(const nlohmann::json& line) {
+  std::string text = dump_json(line);
+  text += '\n';
+  // One write(2) per line: O_APPEND makes it atomic with respect to other appenders for a regular file.
+  // A short write (disk full) is retried for the rest; the line may then be split, which is reported.
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ++failed_;
+      if (!reported_.exchange(true))
+        std::fprintf(stderr, "[kvpack] request log %s: write failed (%s); later failures are only counted\n", path_.c_str(),
+                     std::strerror(errno));
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ++lines_;
+}
+
+namespace {
+
+std::string utc_now_iso8601() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+}  // namespace
+
+nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent& ev) {
+  const RequestStats& st = ev.stats;
+  const compress::CompressionStats& c = st.compression;
+  const bool started = st.completion_tokens > 0;
+  nlohmann::json kv = {
+      {"peak_hot_bytes", st.peak_kv_pages * ctx.page_bytes},
+      {"final_hot_bytes", st.kv_pages_in_use * ctx.page_bytes},
+      {"cold_evicted_pages", st.evicted.pages_written},
+      {"cold_evicted_bytes", st.evicted.bytes_written},
+      {"evicted_tokens", ctx.kv_streams > 0 ? c.evicted_slots / ctx.kv_streams : 0},
+      {"freed_pages", c.freed_pages},
+      {"compactions", c.events},
+      {"compaction_s", c.seconds},
+      {"recalled_pages", c.recall.pages_recalled},
+      {"recall_bytes_read", c.recall.bytes_read},
+      {"drift", c.recall.checks > 0 ? nlohmann::json(c.recall.drift_max) : nlohmann::json(nullptr)},
+      {"preemptions", st.preemptions},
+      {"swap_outs", st.swap_outs},
+      {"swap_ins", st.swap_ins},
+      {"recomputes", st.recomputes},
+  };
+  nlohmann::json line = {
+      {"ts", utc_now_iso8601()},
+      {"id", ctx.id},
+      {"endpoint", ctx.endpoint},
+      {"model", ctx.model},
+      {"stream", ctx.stream},
+      {"status", finish_reason_name(ev.finish)},
+  };
+  if (!ev.error.empty()) line["error"] = ev.error;
+  line["prompt_tokens"] = st.prompt_tokens;
+  line["cached_tokens"] = st.cached_tokens;
+  line["cached_tokens_hot"] = st.cached_tokens - st.cached_tokens_cold;
+  line["cached_tokens_cold"] = st.cached_tokens_cold;
+  line["completion_tokens"] = st.completion_tokens;
+  line["policy"] = ctx.policy;
+  line["budget"] = ctx.budget;
+  line["queue_s"] = st.queue_seconds;
+  line["ttft_s"] = started ? nlohmann::json(st.queue_seconds + st.prefill_seconds) : nlohmann::json(nullptr);
+  line["e2e_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx.received).count();
+  line["kv"] = std::move(kv);
+  if (!ctx.request.is_null()) line["request"] = ctx.request;
+  return line;
+}
+
+}  // namespace kvpack::server
