@@ -1,0 +1,120 @@
+// The Grafana dashboard in deploy/grafana/kvpack-dashboard.json queries only metrics the server has:
+// every metric name in every panel's PromQL is a family that a real server (loopback, stories260K,
+// a host cold tier, a compressed request with recall, a plain one) announces in GET /metrics, and each
+// has at least one sample after that traffic (a panel that can never show anything is a broken panel).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/server.h"
+#include "server_model_fixture.h"
+
+using namespace kvpack;
+using json = nlohmann::json;
+
+namespace {
+
+void collect_exprs(const json& j, std::vector<std::string>& out) {
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) {
+      if (k == "expr" && v.is_string()) out.push_back(v.get<std::string>());
+      else collect_exprs(v, out);
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) collect_exprs(v, out);
+  }
+}
+
+// Metric names in a PromQL expression: identifiers of the kvpack_ / vllm: namespaces (functions, label
+// names and label values are not: labels sit inside braces, values inside quotes).
+std::set<std::string> metric_names(const std::string& expr) {
+  std::string bare;  // quoted strings and {...} matchers removed
+  int depth = 0;
+  bool quoted = false;
+  for (char c : expr) {
+    if (quoted) {
+      quoted = c != '"';
+      continue;
+    }
+    if (c == '"') quoted = true;
+    else if (c == '{') ++depth;
+    else if (c == '}') --depth;
+    else if (depth == 0) bare += c;
+  }
+  std::set<std::string> names;
+  static const std::regex ident(R"((vllm:|kvpack_)[A-Za-z0-9_:]*)");
+  for (std::sregex_iterator it(bare.begin(), bare.end(), ident), end; it != end; ++it) names.insert(it->str());
+  return names;
+}
+
+class DashboardTest : public test::StoriesModelTest {};
+
+TEST_F(DashboardTest, EveryQueriedMetricExistsAndHasSamples) {
+  std::ifstream in(std::string(KVPACK_SOURCE_DIR) + "/deploy/grafana/kvpack-dashboard.json");
+  ASSERT_TRUE(in) << "deploy/grafana/kvpack-dashboard.json missing";
+  const json dash = json::parse(in);
+  std::vector<std::string> exprs;
+  collect_exprs(dash, exprs);
+  ASSERT_GE(exprs.size(), 20u);
+
+  EngineOptions eo;
+  eo.threads = 1;
+  eo.kv_cold = "host:64M";
+  Engine engine(*model_, eo);
+  server::ServerOptions opt;
+  opt.host = "127.0.0.1";
+  opt.port = 0;
+  server::Server srv(engine, opt);
+  const int port = srv.start();
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  json compressed = {{"prompt", "Once upon a time"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true},
+                     {"kv_policy", "knorm"}, {"kv_budget", 48}, {"kv_recall", true}};
+  ASSERT_EQ(cli.Post("/v1/completions", compressed.dump(), "application/json")->status, 200);
+  json plain = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+  ASSERT_EQ(cli.Post("/v1/completions", plain.dump(), "application/json")->status, 200);
+  const std::string metrics = cli.Get("/metrics")->body;
+  srv.stop();
+
+  std::map<std::string, std::string> type_of;  // family -> type
+  std::set<std::string> sampled;               // families with at least one sample
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream f(line.substr(7));
+      std::string name, type;
+      f >> name >> type;
+      type_of[name] = type;
+    } else if (!line.empty() && line[0] != '#') {
+      sampled.insert(line.substr(0, line.find_first_of("{ ")));
+    }
+  }
+  int checked = 0;
+  for (const std::string& e : exprs)
+    for (std::string name : metric_names(e)) {
+      std::string family = name;
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        const std::string s = suffix;
+        if (family.size() > s.size() && family.compare(family.size() - s.size(), s.size(), s) == 0 &&
+            type_of.count(family.substr(0, family.size() - s.size())) && type_of[family.substr(0, family.size() - s.size())] == "histogram")
+          family.resize(family.size() - s.size());
+      }
+      ASSERT_TRUE(type_of.count(family)) << "the dashboard queries " << name << ", which /metrics does not have (in: " << e << ")";
+      EXPECT_TRUE(sampled.count(name)) << name << " has no sample after compressed + plain traffic (in: " << e << ")";
+      ++checked;
+    }
+  EXPECT_GE(checked, 40);
+}
+
+TEST(DashboardQueries, MetricNamesSkipLabelsAndFunctions) {
+  const auto n = metric_names(R"(histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=~"kvpack_x"}[5m]))) / kvpack_kv_pages_total)");
+  EXPECT_EQ(n, (std::set<std::string>{"vllm:e2e_request_latency_seconds_bucket", "kvpack_kv_pages_total"}));
+}
+
+}  // namespace
