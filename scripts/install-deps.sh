@@ -5,7 +5,8 @@ pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libxxhash-dev
       python3 python3-numpy python3-matplotlib curl
-      clang libclang-rt-dev)  # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh
+      clang libclang-rt-dev   # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh
+      chromium chromium-driver)  # headless browser test of the live page map (scripts/kv_page_check.py)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

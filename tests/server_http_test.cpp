@@ -677,3 +677,47 @@ TEST(RequestLog, AnUnopenablePathIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir-kvpack/x.jsonl"), std::string::npos) << e.what();
   }
 }
+
+TEST_F(ServerTest, KvStateShowsEachRunningSequencesPagesByStream) {
+  server::ServerOptions opt;
+  opt.scheduler.prefix_cache = false;  // every active page belongs to the one running sequence
+  start(opt);
+  EXPECT_EQ(get(port, "/kv").status, 200);
+  EXPECT_NE(get(port, "/kv").raw.find("/kv/state"), std::string::npos);
+  json seen;
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    json b = completion(kPrompts[0], 400, true);
+    b["kv_policy"] = "knorm";
+    b["kv_budget"] = 48;
+    post(port, "/v1/completions", b);
+    done = true;
+  });
+  while (!done) {  // the map is at most one step old: poll until it shows the sequence decoding
+    const Reply r = get(port, "/kv/state");
+    ASSERT_EQ(r.status, 200);
+    if (!r.body["sequences"].empty() && r.body["sequences"][0]["state"] == "decode" && r.body["sequences"][0]["compactions"] > 0) {
+      seen = r.body;
+      break;
+    }
+  }
+  t.join();
+  ASSERT_FALSE(seen.is_null()) << "the request finished before /kv/state showed it decoding after a compaction";
+  const json& s = seen["sequences"][0];
+  EXPECT_EQ(s["policy"], "knorm");
+  EXPECT_EQ(s["budget"], 48);
+  const int streams = seen["n_layers"].get<int>() * seen["n_kv_heads"].get<int>();
+  ASSERT_EQ(s["pages"].size(), static_cast<size_t>(streams));
+  int64_t pages = 0;
+  for (int i = 0; i < streams; ++i) {
+    pages += s["pages"][i].get<int64_t>();
+    EXPECT_LE(s["slots"][i].get<int>(), s["pages"][i].get<int>() * seen["page_size"].get<int>());
+    EXPECT_LE(s["slots"][i].get<int>(), 48 + compress::CompressConfig{}.interval) << "stream " << i << " beyond budget + interval";
+  }
+  EXPECT_EQ(pages, seen["pool"]["active"].get<int64_t>());  // one sequence, no prefix cache
+  EXPECT_EQ(seen["pool"]["active"].get<int64_t>() + seen["pool"]["cached"].get<int64_t>() + seen["pool"]["free"].get<int64_t>(),
+            seen["pool"]["total"].get<int64_t>());
+  // After the request: the map empties.
+  ASSERT_TRUE(wait_idle());
+  EXPECT_TRUE(eventually([&] { return get(port, "/kv/state").body["sequences"].empty(); }, 5));
+}

@@ -537,7 +537,13 @@ void Scheduler::publish_metrics() {
   for (const auto* q : {&running_, &waiting_})
     for (auto& s : *q)
       if (s->evicted) ev.add(s->evicted->stats());
+  // The KV map, outside the lock (only this thread writes it; readers copy it under mu_ below). Also
+  // rebuilt once the batch empties, so an idle server's map is not the last busy step's.
+  KvMapSnapshot map;
+  const bool rebuild_map = want_kv_map_.exchange(false) || (running_.empty() && waiting_.empty() && !kv_map_sequences_empty());
+  if (rebuild_map) build_kv_map(map);
   std::lock_guard<std::mutex> lock(mu_);
+  if (rebuild_map) kv_map_ = std::move(map);
   metrics_.pages_total = u.pages_total;
   metrics_.pages_used = u.pages_used;
   metrics_.pages_free = u.pages_free;
@@ -553,6 +559,75 @@ void Scheduler::publish_metrics() {
   metrics_.prefix = kv_->prefix_stats();
   metrics_.cold = kv_->cold_usage();
   metrics_.evicted = ev;
+}
+
+void Scheduler::build_kv_map(KvMapSnapshot& m) const {
+  const kv::KvUsage u = kv_->usage();
+  const ModelConfig& c = engine_->model().config();
+  m.step = step_no_;
+  m.t = now_s();
+  m.n_layers = c.n_layer;
+  m.n_kv_heads = c.n_head_kv;
+  m.page_size = kv_->page_size();
+  m.pages_total = u.pages_total;
+  m.pages_active = u.pages_used;
+  m.pages_cached = u.pages_cached_free;
+  m.pages_free = u.pages_free - u.pages_cached_free;
+  m.page_bytes = u.page_bytes;
+  m.resident_bytes = u.used_bytes;
+  if (const kv::ColdTier* tier = kv_->cold_tier()) {
+    const kv::ColdTierStats ts = tier->stats();
+    m.cold_cap_bytes = ts.cap_bytes;
+    m.cold_used_bytes = ts.used_bytes;
+    m.cold_records = ts.records;
+  }
+  const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
+  const auto add = [&](const Sequence& s, const char* state) {
+    KvMapSequence q;
+    q.id = s.id;
+    q.state = state;
+    q.prompt_tokens = s.n_prompt;
+    q.generated = s.n_generated;
+    q.computed = s.n_computed;
+    q.policy = compress::policy_name(s.req.kv.policy);
+    q.budget = s.req.kv.enabled() ? s.req.kv.budget : 0;
+    compress::CompressionStats cs = s.comp_before;
+    if (s.comp) cs.add(s.comp->stats());
+    q.compactions = cs.events;
+    q.evicted_tokens = streams > 0 ? cs.evicted_slots / streams : 0;
+    q.recalled_pages = cs.recall.pages_recalled;
+    q.drift = cs.recall.checks > 0 ? cs.recall.drift_max : -1;
+    q.preemptions = s.stats.preemptions;
+    if (s.evicted) q.cold_evicted_pages = s.evicted->stats().pages_written;
+    if (s.kv) {
+      const kv::PagePool& pool = s.kv->pool();
+      const int32_t n = s.kv->n_streams();
+      q.slots.resize(static_cast<size_t>(n));
+      q.pages.resize(static_cast<size_t>(n));
+      q.shared_pages.resize(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) {
+        q.slots[static_cast<size_t>(i)] = s.kv->n_slots(i);
+        const auto table = s.kv->page_table(i);
+        q.pages[static_cast<size_t>(i)] = static_cast<int32_t>(table.size());
+        q.shared_pages[static_cast<size_t>(i)] =
+            static_cast<int32_t>(std::count_if(table.begin(), table.end(), [&](kv::PageId p) { return pool.is_shared(p); }));
+      }
+    }
+    m.sequences.push_back(std::move(q));
+  };
+  for (const auto& s : running_) add(*s, s->n_computed < s->n_prompt ? "prefill" : "decode");
+  for (const auto& s : waiting_) add(*s, s->swapped ? "swapped" : "waiting");
+}
+
+bool Scheduler::kv_map_sequences_empty() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_map_.sequences.empty();
+}
+
+KvMapSnapshot Scheduler::kv_map() {
+  want_kv_map_.store(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_map_;
 }
 
 SchedulerMetrics Scheduler::metrics() const {

@@ -96,6 +96,31 @@ struct SchedulerMetrics {
   Histogram request_generation_tokens{{1, 8, 32, 128, 512, 2048, 8192, 32768}};
 };
 
+// A picture of the KV cache for the live page map (server: GET /kv/state). The scheduler thread builds
+// it at the end of a step only when one was asked for since the last one (kv_map()), so steps nobody
+// watches pay nothing; a watcher polling every half second sees it at most one step old.
+struct KvMapSequence {
+  uint64_t id = 0;
+  std::string state;            // "prefill" | "decode" (running), "waiting", "swapped" (preempted to the tier)
+  int32_t prompt_tokens = 0, generated = 0, computed = 0;
+  std::string policy;
+  int32_t budget = 0;
+  // Per (layer, KV head) stream, layer-major (layer * n_kv_heads + head); empty when not running.
+  std::vector<int32_t> slots, pages, shared_pages;  // shared: prefix-cache or copy-on-write pages
+  int64_t compactions = 0, evicted_tokens = 0, recalled_pages = 0, cold_evicted_pages = 0, preemptions = 0;
+  double drift = -1;            // the latest recall check's largest drift (-1: none)
+};
+
+struct KvMapSnapshot {
+  uint64_t step = 0;            // scheduler step it was taken at
+  double t = 0;                 // steady-clock seconds (for rates and charts)
+  int32_t n_layers = 0, n_kv_heads = 0, page_size = 0;
+  int64_t pages_total = 0, pages_active = 0, pages_cached = 0, pages_free = 0;
+  uint64_t page_bytes = 0, resident_bytes = 0;
+  uint64_t cold_cap_bytes = 0, cold_used_bytes = 0, cold_records = 0;
+  std::vector<KvMapSequence> sequences;  // running first (batch order), then waiting / swapped
+};
+
 class Scheduler {
  public:
   Scheduler(Engine& engine, const SchedulerOptions& opt);
@@ -124,6 +149,8 @@ class Scheduler {
   void stop();
 
   SchedulerMetrics metrics() const;
+  // The latest KV map, and a request for a fresh one at the end of the next step (see KvMapSnapshot).
+  KvMapSnapshot kv_map();
   // Page accounting of every running sequence against the pool and the prefix cache ("" = consistent).
   std::string check_invariants() const;
 
@@ -137,6 +164,8 @@ class Scheduler {
   int64_t projected_pages(const Sequence& s) const;
   void emit_token(Sequence& s, int32_t token);
   void publish_metrics();
+  void build_kv_map(KvMapSnapshot& out) const;
+  bool kv_map_sequences_empty() const;
   void loop();
 
   Engine* engine_;
@@ -150,6 +179,8 @@ class Scheduler {
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   SchedulerMetrics metrics_;  // published snapshot fields updated at the end of each step
+  KvMapSnapshot kv_map_;      // built when want_kv_map_ was set
+  std::atomic<bool> want_kv_map_{true};
 
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> waiting_;  // arrival order (preempted ones keep their place)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/channel.h"
+#include "server/kv_page.h"
 
 namespace kvpack::server {
 namespace {
@@ -380,7 +381,7 @@ void Server::count_disconnect(bool blocking) {
 
 namespace {
 
-enum class Route { Health, Metrics, Models, Completions, Chat, None };
+enum class Route { Health, Metrics, Models, Completions, Chat, KvPage, KvState, None };
 
 Route route_of(const std::string& path) {
   if (path == "/health") return Route::Health;
@@ -388,6 +389,8 @@ Route route_of(const std::string& path) {
   if (path == "/v1/models") return Route::Models;
   if (path == "/v1/completions") return Route::Completions;
   if (path == "/v1/chat/completions") return Route::Chat;
+  if (path == "/kv") return Route::KvPage;
+  if (path == "/kv/state") return Route::KvState;
   return Route::None;
 }
 
@@ -404,7 +407,8 @@ std::optional<HttpResponse> Server::on_head(const HttpRequest& req) {
     res.headers.emplace_back("Allow", post ? "POST" : "GET");
     return res;
   }
-  const bool open = r == Route::Health || (r == Route::Metrics && opt_.metrics_no_auth);
+  // The page map's HTML holds no data (it sends the key from its URL fragment for /kv/state).
+  const bool open = r == Route::Health || r == Route::KvPage || (r == Route::Metrics && opt_.metrics_no_auth);
   if (!open && !authorized(req)) return error_response(kUnauthorized);
   return std::nullopt;
 }
@@ -436,6 +440,15 @@ void Server::on_request(const std::shared_ptr<Exchange>& ex) {
       json model = {{"id", opt_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "kvpack"}, {"meta", meta}};
       return ex->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}));
     }
+    case Route::KvPage: {
+      HttpResponse res;
+      res.content_type = "text/html; charset=utf-8";
+      res.body = std::string(kv_page_html());
+      res.headers = {{"Cache-Control", "no-cache"}, {"Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"}};
+      return ex->respond(std::move(res));
+    }
+    case Route::KvState:
+      return ex->respond(json_response(200, kv_map_json(sched_->kv_map(), opt_.model_id)));
     case Route::Completions:
     case Route::Chat: {
       const bool chat = route_of(req.path) == Route::Chat;

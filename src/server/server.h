@@ -1,6 +1,6 @@
 // The HTTP server: OpenAI-compatible endpoints over a continuous-batching Scheduler.
 //   POST /v1/completions, POST /v1/chat/completions   (JSON or SSE with "stream": true)
-//   GET  /v1/models, /health, /metrics (Prometheus text)
+//   GET  /v1/models, /health, /metrics (Prometheus text), /kv (live page map) and /kv/state (its JSON)
 // HTTP is served by the event-driven layer in http_server.h (Boost.Beast / Asio: per-connection
 // deadlines, header / body limits, a connection cap, bounded shutdown). Nothing that takes time runs on
 // its I/O threads: a generation request's body is parsed and tokenized on a small worker pool (it only
