@@ -7,6 +7,9 @@ sequences with their per-(layer, head) page grids, that its step counter moved, 
 compaction. Writes a screenshot taken while requests ran.
 
     scripts/kv_page_check.py KVPACK MODEL [--screenshot FILE] [--seconds S]
+    scripts/kv_page_check.py --attach http://127.0.0.1:PORT --screenshot FILE [--seconds S]
+        (a server someone else drives, e.g. `kvpack bench serve`, which prints its port: waits until the
+        page shows at least two sequences with their grids, or S seconds, and takes the screenshot)
 
 Exit 0: every check passed; 1: a check failed; 77: no chromium / chromedriver (ctest: skipped).
 Standard library only.
@@ -62,10 +65,51 @@ class WebDriver:
             pass
 
 
+def start_driver():
+    dport = free_port()
+    proc = subprocess.Popen(["chromedriver", f"--port={dport}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            if http("GET", f"http://127.0.0.1:{dport}/status", timeout=2)["value"]["ready"]:
+                break
+        except Exception:
+            time.sleep(0.1)
+    return proc, WebDriver(dport)
+
+
+def attach(a):
+    proc, driver = start_driver()
+    try:
+        driver.cmd("POST", "/url", {"url": a.attach.rstrip("/") + "/kv" + (f"#key={a.key}" if a.key else "")})
+        t_end, best = time.time() + a.seconds, (-1, None)
+        while time.time() < t_end:
+            n = driver.js("return document.querySelectorAll('.seq svg').length")
+            if n > best[0]:
+                best = (n, driver.cmd("GET", "/screenshot"))
+            if n >= 2:
+                time.sleep(1.5)  # a little history in the chart, events in the log
+                best = (n, driver.cmd("GET", "/screenshot"))
+                break
+            time.sleep(0.25)
+        if best[1] is None:
+            print("FAIL: no screenshot")
+            return 1
+        with open(a.screenshot, "wb") as f:
+            f.write(base64.b64decode(best[1]))
+        print(f"screenshot with {best[0]} sequence grids -> {a.screenshot}")
+        return 0
+    finally:
+        driver.quit()
+        proc.terminate()
+        proc.wait(10)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("kvpack")
-    ap.add_argument("model")
+    ap.add_argument("kvpack", nargs="?")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--attach", default="", help="URL of a running server (no own server or clients)")
+    ap.add_argument("--key", default="", help="API key of the --attach server")
     ap.add_argument("--screenshot", default="")
     ap.add_argument("--seconds", type=float, default=8)
     a = ap.parse_args()
@@ -73,6 +117,10 @@ def main():
         print("SKIP: chromium / chromedriver not installed (apt-get install chromium chromium-driver)")
         return 77
 
+    if a.attach:
+        return attach(a)
+    if not (a.kvpack and a.model):
+        ap.error("KVPACK and MODEL are required without --attach")
     port = free_port()
     srv = subprocess.Popen([a.kvpack, "serve", "-m", a.model, "--port", str(port), "--api-key", KEY, "--kv-cold", "host:64M",
                             "-t", "1", "-q"], stderr=subprocess.PIPE, text=True)
