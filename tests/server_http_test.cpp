@@ -648,6 +648,9 @@ TEST_F(ServerTest, RequestLogHasOneLinePerRequestWithItsKvFigures) {
   EXPECT_EQ(la["kv"]["evicted_tokens"], a.body["usage"]["kvpack"]["evicted_tokens"]);
   EXPECT_EQ(la["kv"]["peak_hot_bytes"], a.body["usage"]["kvpack"]["peak_kv_bytes"]);
   EXPECT_GT(la["kv"]["freed_pages"].get<int64_t>(), 0);
+  EXPECT_EQ(la["kv"]["freed_pages"], a.body["usage"]["kvpack"]["freed_pages"]);
+  EXPECT_DOUBLE_EQ(la["kv"]["compaction_s"].get<double>(), a.body["usage"]["kvpack"]["compaction_seconds"].get<double>());
+  EXPECT_DOUBLE_EQ(la["queue_s"].get<double>(), a.body["usage"]["kvpack"]["queue_seconds"].get<double>());
   EXPECT_GT(la["kv"]["compactions"].get<int64_t>(), 0);
   EXPECT_TRUE(la["kv"]["drift"].is_null());  // no recall ran
   EXPECT_EQ(la["request"]["kv_budget"], 48);  // the body, with --request-log-prompts

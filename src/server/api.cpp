@@ -359,7 +359,12 @@ json usage_json(const Usage& u) {
                           {"evicted_cold_bytes", u.evicted_cold_bytes},
                           {"recalled_pages", u.recalled_pages},
                           {"recall_bytes_read", u.recall_bytes_read},
-                          {"drift", u.drift}}}};
+                          {"drift", u.drift},
+                          {"swap_ins", u.swap_ins},
+                          {"freed_pages", u.freed_pages},
+                          {"compaction_seconds", u.compaction_seconds},
+                          {"queue_seconds", u.queue_seconds},
+                          {"ttft_seconds", u.ttft_seconds}}}};
 }
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {

@@ -91,6 +91,9 @@ struct Usage {
   int64_t evicted_cold_pages = 0, evicted_cold_bytes = 0;  // evicted tokens kept in the cold tier
   int64_t recalled_pages = 0, recall_bytes_read = 0;        // recall: pages brought back, cold bytes read
   double drift = -1;                                        // the drift estimate's largest value (-1: not measured)
+  int32_t swap_ins = 0;
+  int64_t freed_pages = 0;                                  // pages compaction returned to the pool
+  double compaction_seconds = 0, queue_seconds = 0, ttft_seconds = 0;  // engine side
 };
 
 // Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".

@@ -44,6 +44,11 @@ Usage Server::usage_of(const RequestEvent& ev) const {
   u.recalled_pages = st.compression.recall.pages_recalled;
   u.recall_bytes_read = static_cast<int64_t>(st.compression.recall.bytes_read);
   u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
+  u.swap_ins = st.swap_ins;
+  u.freed_pages = st.compression.freed_pages;
+  u.compaction_seconds = st.compression.seconds;
+  u.queue_seconds = st.queue_seconds;
+  u.ttft_seconds = st.queue_seconds + st.prefill_seconds;
   return u;
 }
 
