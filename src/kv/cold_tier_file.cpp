@@ -73,7 +73,8 @@ FileColdTier::FileColdTier(const std::string& dir, uint64_t cap_bytes, size_t re
       slot_bytes_(sizeof(SlotHeader) + record_bytes),
       generation_(fresh_generation()),
       path_((std::filesystem::path(dir) / kDataFileName).string()),
-      max_write_batch_(std::clamp<size_t>(options.max_write_batch, 1, cold::kMaxIovecs)) {
+      max_write_batch_(std::clamp<size_t>(options.max_write_batch, 1, cold::kMaxIovecs)),
+      readahead_hint_(options.readahead_hint) {
   fd_ = open_data_file(dir, path_, static_cast<uint64_t>(index_.capacity()) * slot_bytes_);
   const size_t n_entries = std::clamp<size_t>(options.staging_bytes / slot_bytes_, 2,
                                               static_cast<size_t>(std::max<int64_t>(2, index_.capacity())));
@@ -309,6 +310,15 @@ void FileColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
   }
   if (reads.empty()) return;
   std::sort(reads.begin(), reads.end(), [](const PendingRead& a, const PendingRead& b) { return a.slot < b.slot; });
+  if (readahead_hint_ && reads.size() > 1) {
+    for (size_t begin = 0; begin < reads.size();) {
+      size_t end = begin + 1;
+      while (end < reads.size() && reads[end].slot == reads[end - 1].slot + 1) ++end;
+      ::posix_fadvise(fd_.get(), static_cast<off_t>(reads[begin].slot) * static_cast<off_t>(slot_bytes_),
+                      static_cast<off_t>(end - begin) * static_cast<off_t>(slot_bytes_), POSIX_FADV_WILLNEED);
+      begin = end;
+    }
+  }
   const size_t per_task = std::max<size_t>(1, (size_t{1} << 20) / slot_bytes_);
   const int tasks = tasks_for(reads.size(), per_task);
   const size_t n = reads.size();

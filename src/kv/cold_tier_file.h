@@ -61,6 +61,10 @@ struct FileTierOptions {
   size_t staging_bytes = size_t{16} << 20;  // the stage's size; at least 2 slots are staged whatever it says
   size_t max_write_batch = 256;             // records the writer takes per round (IOV_MAX caps one call)
   int read_threads = 4;                     // a get_many's reads in flight at once (the caller included)
+  // Before a batch's reads, tell the kernel every run of consecutive slots it will read
+  // (posix_fadvise WILLNEED): the device gets the whole batch queued at once instead of one read per
+  // reader thread at a time, and the readers copy from the page cache as the data arrives.
+  bool readahead_hint = true;
 };
 
 // System-call level figures of a file tier (tests check coalescing with them).
@@ -148,6 +152,7 @@ class FileColdTier final : public cold::IndexedTier {
   bool stopping_ = false;
   bool logged_bad_read_ = false, logged_bad_write_ = false;  // one stderr line each, the first time
   const size_t max_write_batch_;
+  const bool readahead_hint_;
   FileTierIoStats io_;
   std::thread writer_;                   // last: starts after everything above exists
 };
