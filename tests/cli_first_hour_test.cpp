@@ -97,7 +97,7 @@ TEST(CliHabits, HelpShowsDefaultsAndTheRealDefaultModel) {
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("embedded kvpack testbed model"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("embedded random model"), std::string::npos);
-  for (const char* d : {"[128]", "[0.8]", "[40]", "[f16]", "random", "--ctx-size", "--conversation", "--system-prompt"})
+  for (const char* d : {"=128", "=0.8", "=40", "=f16", "=random", "--ctx-size", "-cnv", "-sys", "--conversation", "--system-prompt"})
     EXPECT_NE(r.out.find(d), std::string::npos) << d << "\n" << r.out;
 }
 

@@ -142,7 +142,7 @@ compress::QueryStats auto_calibration(const Model& model, const EngineOptions& e
   });
   if (bar) bar->finish();
   inf.computed = true;
-  inf.tokens = st.tokens;
+  inf.tokens = static_cast<int64_t>(toks.size());  // text tokens (st.tokens also counts each window's BOS)
   if (!inf.path.empty()) {
     std::error_code ec;
     fs::create_directories(fs::path(inf.path).parent_path(), ec);

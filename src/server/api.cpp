@@ -255,7 +255,10 @@ ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
     if (!b.is_object()) fail("the request body must be a JSON object");
     ParsedRequest r;
     parse_common(b, ctx, r);
-    if (const json* v = field(b, "logprobs")) r.spec.logprobs = static_cast<int32_t>(as_int(*v, "logprobs", 0, kMaxTopLogprobs));
+    if (const json* v = field(b, "logprobs")) {  // an integer k; some clients send a boolean (true: k = 0)
+      if (v->is_boolean()) r.spec.logprobs = v->get<bool>() ? 0 : -1;
+      else r.spec.logprobs = static_cast<int32_t>(as_int(*v, "logprobs", 0, kMaxTopLogprobs));
+    }
     if (const json* v = field(b, "top_logprobs"); v && truthy(*v))
       fail("'top_logprobs' is a chat completions field; on /v1/completions 'logprobs' is the number of alternatives", "top_logprobs");
     if (const json* v = field(b, "echo")) r.echo = as_bool(*v, "echo");
