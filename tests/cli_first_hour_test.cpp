@@ -21,9 +21,9 @@ namespace fs = std::filesystem;
 const std::string kShared = KVPACK_SHARED_DIR;
 const std::string kStories = kShared + "/models/stories260K.gguf";
 
-// A shell command line around the binary ("KVPACK" in `cmd` is replaced by its path).
+// A shell command line around the binary ("{kvpack}" in `cmd` is replaced by its path).
 Proc sh(std::string cmd) {
-  for (size_t p; (p = cmd.find("KVPACK")) != std::string::npos;) cmd.replace(p, 6, KVPACK_BINARY);
+  for (size_t p; (p = cmd.find("{kvpack}")) != std::string::npos;) cmd.replace(p, 8, KVPACK_BINARY);
   const std::string err_path = ::testing::TempDir() + "/kvpack_sh_err_" + std::to_string(::getpid()) + ".txt";
   Proc r{};
   FILE* p = popen(("(" + cmd + ") 2>" + err_path).c_str(), "r");
@@ -138,7 +138,7 @@ TEST(CliHabits, LlamaCliStyleCommandLineWithoutASubcommand) {
 
 TEST(CliHabits, ConversationModeChatsThroughTheChatTemplate) {
   // Two user turns from a pipe, then end of input; -sys sets the system prompt.
-  const Proc r = sh("printf 'Hello there\\nWhat next?\\n' | KVPACK -cnv -sys 'You are terse.' -m " + kStories + " -n 12 --temp 0");
+  const Proc r = sh("printf 'Hello there\\nWhat next?\\n' | {kvpack} -cnv -sys 'You are terse.' -m " + kStories + " -n 12 --temp 0");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("> Hello there\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("> What next?\n"), std::string::npos) << r.out;
@@ -154,7 +154,7 @@ TEST(CliHabits, ConversationModeChatsThroughTheChatTemplate) {
   const std::string first = reply_after(r.out, "Hello there");
   EXPECT_FALSE(first.empty()) << r.out;
   EXPECT_FALSE(reply_after(r.out, "What next?").empty()) << r.out;
-  const Proc one = sh("printf 'Hello there\\n' | KVPACK -cnv -sys 'You are terse.' -m " + kStories + " -n 12 --temp 0 -q");
+  const Proc one = sh("printf 'Hello there\\n' | {kvpack} -cnv -sys 'You are terse.' -m " + kStories + " -n 12 --temp 0 -q");
   ASSERT_EQ(one.status, 0) << one.err;
   EXPECT_EQ(reply_after(one.out, "Hello there"), first) << one.out;
   const Proc sys_alone = run("generate -m " + kStories + " -sys hi -n 2");
@@ -215,21 +215,21 @@ TEST(CliDefaults, TriattentionCalibratesItselfOnceAndReusesTheCache) {
 
 TEST(CliProgress, CalibratePrintsPlainProgressLinesWhenNotATerminal) {
   const std::string out = fresh_dir("progress") + "/s.calib";
-  const Proc r = sh("KVPACK_PROGRESS_EVERY=0.001 KVPACK calibrate -m " + kStories + " --text " + kShared +
+  const Proc r = sh("KVPACK_PROGRESS_EVERY=0.001 {kvpack} calibrate -m " + kStories + " --text " + kShared +
                     "/corpora/austen.txt --max-tokens 2048 -o " + out);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("[kvpack] calibrate: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("/2048 tokens ("), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("[kvpack] calibrate: done, 2048/2048 tokens (100%)"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\r'), std::string::npos) << "no carriage returns in a log";
-  const Proc off = sh("KVPACK_PROGRESS=0 KVPACK_PROGRESS_EVERY=0.001 KVPACK calibrate -m " + kStories + " --text " + kShared +
+  const Proc off = sh("KVPACK_PROGRESS=0 KVPACK_PROGRESS_EVERY=0.001 {kvpack} calibrate -m " + kStories + " --text " + kShared +
                       "/corpora/austen.txt --max-tokens 512 -o " + out);
   EXPECT_EQ(off.err.find("calibrate: "), std::string::npos) << off.err;
 }
 
 TEST(CliProgress, BenchKvWritesItsPlotNextToTheOutputFromAnyDirectory) {
   const std::string dir = fresh_dir("benchkv");
-  const Proc r = sh("cd / && KVPACK bench kv -m " + kStories + " -t 1 --tokens 256 --chunk 32 --budget 64 --interval 32 --depths 128 "
+  const Proc r = sh("cd / && {kvpack} bench kv -m " + kStories + " -t 1 --tokens 256 --chunk 32 --budget 64 --interval 32 --depths 128 "
                     "--decode-tokens 4 --out " + dir + "/out");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir + "/out/kv_timeline.csv"));

@@ -205,10 +205,12 @@ TEST_F(ApiTest, KvPolicyIsTheServerDefaultOverridablePerRequest) {
   EXPECT_EQ(r.spec.kv.budget, 128);
   EXPECT_EQ(err({{"prompt", "x"}, {"kv_policy", "streaming"}, {"kv_budget", 0}}).param, "kv_budget");
   // A server without a compressing default: the budget alone picks the recommended policy.
+  const compress::CompressConfig server_default = ctx.default_kv;
   ctx.default_kv = {};
   r = ok({{"prompt", "x"}, {"kv_budget", 64}});
   EXPECT_EQ(r.spec.kv.policy, compress::kDefaultPolicy);
   EXPECT_EQ(r.spec.kv.budget, 64);
+  ctx.default_kv = server_default;
   const compress::QueryStats stats;  // presence is what the request check needs
   ctx.calibration = &stats;
   EXPECT_EQ(ok({{"prompt", "x"}, {"kv_policy", "triattention"}}).spec.kv.policy, compress::PolicyKind::TriAttention);

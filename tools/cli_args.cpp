@@ -239,7 +239,7 @@ NormalizedArgs normalize_args(const CLI::App& app, std::vector<std::string> in) 
     if (o == nullptr) {
       // `-n128` style: a known one-letter option with its value attached.
       if (flag[1] != '-' && flag.size() > 2 && find_option(cur, flag.substr(0, 2)) != nullptr &&
-          find_option(cur, flag.substr(0, 2))->get_type_size() != 0) {
+          find_option(cur, flag.substr(0, 2))->get_expected_max() != 0) {
         const std::string rest = flag.substr(2);
         const bool word = std::all_of(rest.begin(), rest.end(), [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '-'; });
         if (!word || rest.size() < 2) {
@@ -251,7 +251,7 @@ NormalizedArgs normalize_args(const CLI::App& app, std::vector<std::string> in) 
     }
     out.args.push_back(a);
     // Skip the option's value so that a value starting with '-' is not read as a flag.
-    if (eq == std::string::npos && o->get_type_size() != 0 && i + 1 < in.size()) {
+    if (eq == std::string::npos && o->get_expected_max() != 0 && i + 1 < in.size()) {  // flags expect 0 values
       const int n = std::max(1, o->get_items_expected_min());
       for (int k = 0; k < n && i + 1 < in.size(); ++k) out.args.push_back(in[++i]);
     }
