@@ -106,12 +106,14 @@ void add_generate(CLI::App& app) {
                 "Interactive chat (llama.cpp's -cnv): stdin lines are user turns, rendered with the model's chat template");
   cmd->add_option("--system-prompt", co->system, "System prompt for -cnv (llama.cpp's -sys)");
   cmd->callback([=] {
-    if (seed_opt->count() == 0) {
-      sp->seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
-      if (!o->quiet && sp->temperature > 0)
+    const bool random_seed = seed_opt->count() == 0;
+    if (random_seed) sp->seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
+    // Announced once the request is known to be valid (an error stays one clear line).
+    auto announce_seed = [&] {
+      if (random_seed && !o->quiet && sp->temperature > 0)
         std::fprintf(stderr, "[kvpack] seed %llu (random; -s %llu repeats this run)\n", static_cast<unsigned long long>(sp->seed),
                      static_cast<unsigned long long>(sp->seed));
-    }
+    };
     auto model = load_model(*o);
     const Tokenizer& tok = model->tokenizer();
     std::string text = *prompt;
@@ -130,12 +132,17 @@ void add_generate(CLI::App& app) {
     if (co->conversation) {
       ChatOptions c = *co;
       if (c.system.empty()) c.system = text;  // llama-cli: -p is the system prompt in conversation mode
+      announce_seed();
       run_conversation(*model, engine, req, c, o->quiet);
       return;
     }
     if (!co->system.empty()) throw std::runtime_error("--system-prompt (-sys) is for conversations: add -cnv");
     req.prompt = tok.encode(text, tok.bos() >= 0);
     if (req.prompt.empty()) throw std::runtime_error("this model has no BOS token: give a prompt with -p or -f");
+    if (static_cast<int64_t>(req.prompt.size()) > model->config().n_ctx)
+      throw std::invalid_argument("prompt has " + std::to_string(req.prompt.size()) + " tokens; the context is " +
+                                  std::to_string(model->config().n_ctx));
+    announce_seed();
     if (!text.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     }
