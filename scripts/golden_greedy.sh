@@ -15,18 +15,23 @@ mode=$1 kvpack=$2 shared=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# The recorded outputs use f32 KV, the default when they were recorded (the default is f16 since
+# 2026-12-02): every run pins --kv-type f32 unless it names its own type.
+f32=(--kv-type f32)
 stories="$shared/models/stories260K.gguf"
 austen="$shared/corpora/austen.txt"
-# Calibration from the same text for both models (deterministic).
-"$kvpack" calibrate -q -m "$stories" --text "$austen" -o "$work/stories.calib" --max-tokens 2048 >/dev/null 2>&1
-"$kvpack" calibrate -q --text "$austen" -o "$work/testbed.calib" --max-tokens 2048 >/dev/null 2>&1
+# Calibration from the same text for both models (deterministic; f32 KV as recorded).
+"$kvpack" calibrate -q --kv-type f32 -m "$stories" --text "$austen" -o "$work/stories.calib" --max-tokens 2048 >/dev/null 2>&1
+"$kvpack" calibrate -q --kv-type f32 --text "$austen" -o "$work/testbed.calib" --max-tokens 2048 >/dev/null 2>&1
 # A testbed prompt of ~700 tokens of Austen (starting mid-text so it is not the training start).
 head -c 200000 "$austen" | tail -c 3000 > "$work/prompt.txt"
 
 run() {  # name, then generate arguments
   local name=$1; shift
   echo "### $name"
-  "$kvpack" generate -q --temp 0 "$@" 2>"$work/err" || { echo "FAILED: $(tail -1 "$work/err")"; return; }
+  local pin=("${f32[@]}")
+  case " $* " in *" --kv-type "*) pin=() ;; esac
+  "$kvpack" generate -q --temp 0 "${pin[@]}" "$@" 2>"$work/err" || { echo "FAILED: $(tail -1 "$work/err")"; return; }
   echo
   grep -o 'kv_pages_in_use=[0-9]*\|compactions=[0-9]* evicted_tokens=[0-9]* evicted_slots=[0-9]* freed_pages=[0-9]*\|peak_resident_kv_bytes=[0-9]* final_resident_kv_bytes=[0-9]*' "$work/err" | tr '\n' ' ' || true
   echo
@@ -58,7 +63,7 @@ out() {
     kv=(--kv-policy "$pol" --kv-budget 128 --kv-interval 32 --kv-calib "$work/testbed.calib")
     [ "$pol" = full ] && kv=()
     echo "### eval tasks $pol"
-    "$kvpack" eval tasks -q --ctx 1024 --task all --n 3 --seed 5 "${kv[@]}" -v 2>/dev/null | grep -v -i 'seconds\|tok/s\|time' || echo "FAILED"
+    "$kvpack" eval tasks -q "${f32[@]}" --ctx 1024 --task all --n 3 --seed 5 "${kv[@]}" -v 2>/dev/null | grep -v -i 'seconds\|tok/s\|time' || echo "FAILED"
   done
 }
 
@@ -67,7 +72,7 @@ out() {
 server() {  # name, then serve arguments
   local name=$1; shift
   local port=$((20000 + RANDOM % 20000))
-  "$kvpack" serve -q --port "$port" "$@" >/dev/null 2>"$work/serve.err" &
+  "$kvpack" serve -q "${f32[@]}" --port "$port" "$@" >/dev/null 2>"$work/serve.err" &
   local pid=$!
   for _ in $(seq 100); do curl -s "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
   echo "### server $name"

@@ -178,10 +178,14 @@ TEST(EvalCli, KldPrintsLabelledFigures) {
   const auto js = nlohmann::json::parse(j.out);
   EXPECT_EQ(js.at("mean_kl").get<double>(), 0.0);
   EXPECT_EQ(js.at("top1").get<double>(), 1.0);
-  // triattention without --kv-calib: a clear error naming the calibrate command.
+  // triattention without --kv-calib: calibrated by itself on built-in text (cached), and said so.
+  const std::string cache = ::testing::TempDir() + "/kvpack_eval_calib_cache";
+  std::filesystem::remove_all(cache);
+  ::setenv("KVPACK_CACHE_DIR", cache.c_str(), 1);
   const CmdResult e = run("eval kld -m " + kModel + " -q --text " + kText + " --ctx 128 --kv-policy triattention --kv-budget 32");
-  EXPECT_NE(e.status, 0);
-  EXPECT_NE(e.err.find("kvpack calibrate"), std::string::npos) << e.err;
+  ::unsetenv("KVPACK_CACHE_DIR");
+  EXPECT_EQ(e.status, 0) << e.err;
+  EXPECT_NE(e.err.find("triattention calibration computed"), std::string::npos) << e.err;
 }
 
 TEST(EvalCli, TasksReportsAccuracyPerTask) {

@@ -124,8 +124,11 @@ TEST_F(ApiTest, InvalidFieldsAre400WithTheParam) {
       {{{"prompt", "x"}, {"stop", {""}}}, "stop"},
       {{{"prompt", "x"}, {"stream", "yes"}}, "stream"},
       {{{"prompt", "x"}, {"n", 2}}, "n"},
-      {{{"prompt", "x"}, {"logprobs", 3}}, "logprobs"},
-      {{{"prompt", "x"}, {"echo", true}}, "echo"},
+      {{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},                     // k <= 20
+      {{{"prompt", "x"}, {"logprobs", "some"}}, "logprobs"},
+      {{{"prompt", "x"}, {"top_logprobs", 2}}, "top_logprobs"},              // a chat field
+      {{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, "echo"},          // prompt logprobs
+      {{{"prompt", "x"}, {"echo", "yes"}}, "echo"},
       {{{"prompt", "x"}, {"frequency_penalty", 0.5}}, "frequency_penalty"},
       {{{"prompt", "x"}, {"kv_policy", "magic"}}, "kv_policy"},
       {{{"prompt", "x"}, {"kv_policy", 3}}, "kv_policy"},
@@ -133,7 +136,7 @@ TEST_F(ApiTest, InvalidFieldsAre400WithTheParam) {
       {{{"prompt", "x"}, {"kv_policy", "knorm"}, {"kv_budget", -4}}, "kv_budget"},
       {{{"prompt", "x"}, {"kv_policy", "knorm"}, {"kv_budget", 3}}, "kv_budget"},  // below sinks + window + 1
       {{{"prompt", "x"}, {"kv_policy", "triattention"}, {"kv_budget", 64}}, "kv_policy"},  // no calibration
-      {{{"prompt", "x"}, {"kv_budget", 64}}, "kv_budget"},                     // budget without a policy
+      {{{"prompt", "x"}, {"kv_policy", "full"}, {"kv_budget", 64}}, "kv_budget"},  // full with a budget
       {{{"prompt", "x"}, {"priority", "high"}}, "priority"},
       {{{"prompt", "x"}, {"cache_salt", 7}}, "cache_salt"},
   };
@@ -195,7 +198,19 @@ TEST_F(ApiTest, KvPolicyIsTheServerDefaultOverridablePerRequest) {
   EXPECT_EQ(r.spec.kv.budget, 200);
   r = ok({{"prompt", "x"}, {"kv_policy", "full"}});
   EXPECT_FALSE(r.spec.kv.enabled());
-  EXPECT_EQ(err({{"prompt", "x"}, {"kv_budget", 0}}).param, "kv_budget");
+  // kv_budget alone: 0 turns compression off, N keeps the server's policy at budget N.
+  EXPECT_FALSE(ok({{"prompt", "x"}, {"kv_budget", 0}}).spec.kv.enabled());
+  r = ok({{"prompt", "x"}, {"kv_budget", 128}});
+  EXPECT_EQ(r.spec.kv.policy, compress::PolicyKind::Streaming);
+  EXPECT_EQ(r.spec.kv.budget, 128);
+  EXPECT_EQ(err({{"prompt", "x"}, {"kv_policy", "streaming"}, {"kv_budget", 0}}).param, "kv_budget");
+  // A server without a compressing default: the budget alone picks the recommended policy.
+  const compress::CompressConfig server_default = ctx.default_kv;
+  ctx.default_kv = {};
+  r = ok({{"prompt", "x"}, {"kv_budget", 64}});
+  EXPECT_EQ(r.spec.kv.policy, compress::kDefaultPolicy);
+  EXPECT_EQ(r.spec.kv.budget, 64);
+  ctx.default_kv = server_default;
   const compress::QueryStats stats;  // presence is what the request check needs
   ctx.calibration = &stats;
   EXPECT_EQ(ok({{"prompt", "x"}, {"kv_policy", "triattention"}}).spec.kv.policy, compress::PolicyKind::TriAttention);

@@ -21,11 +21,13 @@
 #include <random>
 #include <sstream>
 
+#include "cli_plot.h"
 #include "commands.h"
 #include "compress/compressor.h"
 #include "engine/calibrate.h"
 #include "options.h"
 #include "util/half.h"
+#include "util/progress.h"
 
 namespace kvpack::cli {
 namespace {
@@ -45,7 +47,9 @@ struct Timeline {
   double seconds = 0;
 };
 
-Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_t chunk, const compress::CompressConfig* kv) {
+Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_t chunk, const compress::CompressConfig* kv,
+                      const std::string& label) {
+  Progress progress("bench kv: timeline " + label, static_cast<int64_t>(stream.size()), "tokens");
   Timeline tl;
   auto seq = engine.kv().new_sequence();
   std::unique_ptr<compress::SequenceCompressor> comp;
@@ -61,10 +65,9 @@ Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_
     if (comp) comp->after_forward(*seq, false);
     // Naive mode: the pages a non-compacting allocator would hold (the cache itself is compacted).
     tl.bytes.push_back((comp ? comp->accounted_pages(*seq) : seq->pages_held()) * static_cast<int64_t>(engine.kv().pool().page_bytes()));
-    if ((i / static_cast<size_t>(chunk)) % 16 == 15)
-      std::fprintf(stderr, "\r[kvpack]   %zu/%zu tokens", i + n, stream.size());
+    progress.set(static_cast<int64_t>(i + n));
   }
-  std::fprintf(stderr, "\n");
+  progress.finish();
   tl.seconds = now_s() - t0;
   if (comp) tl.stats = comp->stats();
   return tl;
@@ -143,7 +146,9 @@ void add_bench_kv(CLI::App& bench) {
         engine.set_calibration(compress::QueryStats::load(b->calib, c));
       } else {
         const size_t n = std::min<size_t>(stream.size(), 1024);
-        engine.set_calibration(calibrate(*model, std::span<const int32_t>(stream.data(), n), eo));
+        Progress cp("bench kv: calibrating " + b->policy, static_cast<int64_t>(n), "tokens");
+        engine.set_calibration(calibrate(*model, std::span<const int32_t>(stream.data(), n), eo, [&](int64_t d) { cp.set(d); }));
+        cp.finish();
         std::fprintf(stderr, "[kvpack] calibrated %s on the first %zu tokens of the bench stream\n", b->policy.c_str(), n);
       }
     }
@@ -151,14 +156,11 @@ void add_bench_kv(CLI::App& bench) {
     std::printf("# kvpack bench kv: model %s (%s%s), %d tokens, chunk %d, budget %d, interval %d, policy %s, KV %s, %d threads\n",
                 c.name.c_str(), c.arch.c_str(), c.random_weights ? ", random weights" : "", b->tokens, b->chunk, b->budget,
                 b->interval, b->policy.c_str(), o->kv_type.c_str(), o->threads);
-    std::fprintf(stderr, "[kvpack] timeline: full KV\n");
-    const Timeline full = run_timeline(engine, stream, b->chunk, nullptr);
+    const Timeline full = run_timeline(engine, stream, b->chunk, nullptr, "full KV (1/3)");
     compress::CompressConfig naive = kv;
     naive.naive = true;
-    std::fprintf(stderr, "[kvpack] timeline: naive eviction\n");
-    const Timeline hole = run_timeline(engine, stream, b->chunk, &naive);
-    std::fprintf(stderr, "[kvpack] timeline: compaction\n");
-    const Timeline comp = run_timeline(engine, stream, b->chunk, &kv);
+    const Timeline hole = run_timeline(engine, stream, b->chunk, &naive, "naive eviction (2/3)");
+    const Timeline comp = run_timeline(engine, stream, b->chunk, &kv, "compaction (3/3)");
     {
       std::ofstream csv(b->out + "/kv_timeline.csv");
       csv << "tokens,full_bytes,naive_bytes,compaction_bytes\n";
@@ -185,7 +187,9 @@ void add_bench_kv(CLI::App& bench) {
 
     // Decode speed at depth, full vs compressed, measured back to back.
     double step_time_at_budget = 0;
+    Progress depth_progress("bench kv: decode speed at depth", static_cast<int64_t>(b->depths.size()), "depths");
     for (int32_t depth : b->depths) {
+      depth_progress.note("(depth " + std::to_string(depth) + ")");
       std::mt19937 r2(static_cast<uint32_t>(b->seed + depth));
       auto f = engine.kv().new_sequence();
       fill_synthetic(*f, depth, r2);
@@ -199,14 +203,16 @@ void add_bench_kv(CLI::App& bench) {
       std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f\n", depth, full_tps, b->budget, comp_tps,
                   comp_tps / full_tps);
       std::fflush(stdout);
+      depth_progress.advance();
     }
+    depth_progress.finish();
     if (comp.stats.events > 0 && step_time_at_budget > 0) {
       const double per_event = comp.stats.seconds / comp.stats.events;
       std::printf("compaction share of decode time (one event per %d decoded tokens at ~budget depth): %.2f%%\n", b->interval,
                   100.0 * per_event / (per_event + b->interval * step_time_at_budget));
     }
-    const std::string plot = std::string(access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3") + " scripts/plot_kv_timeline.py " + b->out + "/kv_timeline.csv " + b->out + "/kv_timeline.png";
-    if (std::system((plot + " 2>/dev/null").c_str()) == 0) std::printf("plot: %s/kv_timeline.png\n", b->out.c_str());
+    // Next to the CSV whatever the working directory, or a line saying why not.
+    std::printf("%s\n", run_plot("plot_kv_timeline.py", b->out + "/kv_timeline.csv", b->out + "/kv_timeline.png").c_str());
   });
 }
 

@@ -35,6 +35,7 @@
 #include "compress/compressor.h"
 #include "engine/calibrate.h"
 #include "options.h"
+#include "util/progress.h"
 #include "util/half.h"
 
 namespace kvpack::cli {
@@ -163,22 +164,23 @@ void add_bench_peer(CLI::App& bench) {
     const ModelConfig& c = model->config();
     EngineOptions eo = engine_options(*o);
     const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
-    eo.kv_pages = streams * ((ctx + o->page_size - 1) / o->page_size + 2) * (kvo->policy != "full" ? 2 : 1);
+    eo.kv_pages = streams * ((ctx + o->page_size - 1) / o->page_size + 2) * (kvo->resolved_policy() != compress::PolicyKind::Full ? 2 : 1);
     Engine engine(*model, eo);
     // Optional compressed runs: kvpack with --kv-policy at each depth beyond the budget, against llama.cpp's
     // full KV at the same depth. Calibration (TriAttention) from --kv-calib, else from 1024 random tokens.
     compress::CompressConfig kvc;
     std::mt19937 rng0(static_cast<uint32_t>(b->seed + 7));
-    if (kvo->policy != "full") {
+    const compress::PolicyKind peer_policy = kvo->resolved_policy();
+    if (peer_policy != compress::PolicyKind::Full) {
       KvOptions k = *kvo;
-      const bool own_calib = k.calib.empty() && compress::policy_needs_calibration(compress::parse_policy(k.policy));
+      const bool own_calib = k.calib.empty() && compress::policy_needs_calibration(peer_policy);
       if (own_calib) {
         const auto toks = random_tokens(std::min<int32_t>(1024, c.n_ctx), c.n_vocab, rng0);
         engine.set_calibration(calibrate(*model, toks, eo));
         k.policy = "full";  // kv_config would look for a file; the statistics are already loaded
       }
       kvc = kv_config(k, engine);
-      if (own_calib) kvc.policy = compress::parse_policy(kvo->policy);
+      if (own_calib) kvc.policy = peer_policy;
     }
     const double W = static_cast<double>(model->weight_bytes());
     const double kv_per_token =
@@ -211,8 +213,11 @@ void add_bench_peer(CLI::App& bench) {
     std::vector<Row> rows;
     std::mt19937 rng(static_cast<uint32_t>(b->seed));
 
+    // One step per phase (prefill, then each depth), with the phase named.
+    Progress phases("bench peer", (b->prompt_tokens > 0 ? 1 : 0) + static_cast<int64_t>(b->depths.size()), "phases");
     if (b->prompt_tokens > 0) {
       const int32_t P = b->prompt_tokens;
+      phases.note("(prefill " + std::to_string(P) + ")");
       std::fprintf(stderr, "[bench] prefill %d tokens: %d rounds (+1 warm-up), kvpack and llama.cpp alternating\n", P, b->reps);
       std::vector<double> ks, ls;
       std::vector<float> logits(static_cast<size_t>(c.n_vocab));
@@ -243,10 +248,12 @@ void add_bench_peer(CLI::App& bench) {
                   tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, pct(kv_tps, roof).c_str(),
                   pct(ll_tps, roof).c_str(), extra);
       std::fflush(stdout);
+      phases.advance();
     }
 
     std::unique_ptr<kv::SequenceKv> real_seq;  // --kvpack-real-fill: one growing sequence, like llama.cpp's
     for (int32_t depth : b->depths) {
+      phases.note("(decode at depth " + std::to_string(depth) + ")");
       {
         bw_now = measure_bandwidth(threads, bw_bytes, 3);
         bw_max = std::max(bw_max, bw_now);
@@ -348,7 +355,9 @@ void add_bench_peer(CLI::App& bench) {
                     gib(c_bytes).c_str(), pct(c_tps, c_roof).c_str(), ex);
         std::fflush(stdout);
       }
+      phases.advance();
     }
+    phases.finish();
     real_seq.reset();
     if (peer.peer) peer.peer->finish();
 

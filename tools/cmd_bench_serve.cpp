@@ -53,7 +53,7 @@ void add_bench_serve(CLI::App& bench) {
     if (eo.kv_pages == 0)  // default: room for two full-context sequences, so the mix has to share
       eo.kv_pages = 2LL * c.n_layer * c.n_head_kv * ((c.n_ctx + eo.page_size - 1) / eo.page_size);
     KvOptions compressed = *kvo;
-    if (compressed.policy == "full") {
+    if (compressed.resolved_policy() == compress::PolicyKind::Full) {
       compressed.policy = "knorm";
       if (compressed.budget == 0) compressed.budget = 96;
       if (compressed.interval == 128) compressed.interval = 32;
@@ -80,13 +80,15 @@ void add_bench_serve(CLI::App& bench) {
       replay_opt.temperature = 0;  // greedy: sampled tokens would amplify last-bit differences between batch shapes
       const size_t page_bytes = kv::PagePool(default_pool_config(c, eo)).record_bytes();
       const std::string cold = !o->kv_cold.empty() ? o->kv_cold : "host:" + std::to_string(4 * eo.kv_pages * static_cast<int64_t>(page_bytes));
-      const std::string name = kvo->policy == "full" ? "full" : kvo->policy + " b" + std::to_string(kvo->budget);
+      const std::string name = kvo->resolved_policy() == compress::PolicyKind::Full
+                                   ? "full"
+                                   : kvo->resolved_policy_name() + " b" + std::to_string(kvo->budget);
       configs.push_back({*kvo, "", eo.kv_pages, name + " recompute"});
       configs.push_back({*kvo, cold, eo.kv_pages, name + " swap (" + cold.substr(0, cold.find(':')) + ")"});
       configs.push_back({*kvo, "", 64 * eo.kv_pages, name + " reference (64x pool)"});
     } else {  // the baseline (no compression), then the policy
       configs.push_back({KvOptions{}, o->kv_cold, eo.kv_pages, "full"});
-      configs.push_back({compressed, o->kv_cold, eo.kv_pages, compressed.policy + " b" + std::to_string(compressed.budget)});
+      configs.push_back({compressed, o->kv_cold, eo.kv_pages, compressed.resolved_policy_name() + " b" + std::to_string(compressed.budget)});
     }
     std::vector<server::bench::RunStats> runs;
     for (const RunConfig& rc : configs) {
@@ -107,7 +109,10 @@ void add_bench_serve(CLI::App& bench) {
       server::Server srv(engine, so);
       const int port = srv.start();
       std::fprintf(stderr, "[kvpack] bench serve: run %s on port %d ...\n", rc.label.c_str(), port);
-      server::bench::RunStats st = server::bench::replay("127.0.0.1", port, sessions, replay_opt);
+      server::bench::ReplayOptions run_replay = replay_opt;
+      run_replay.progress_label = "bench serve: " + rc.label + " (run " + std::to_string(runs.size() + 1) + "/" +
+                                  std::to_string(configs.size()) + ")";
+      server::bench::RunStats st = server::bench::replay("127.0.0.1", port, sessions, run_replay);
       srv.stop();
       st.label = rc.label;
       std::fprintf(stderr, "[kvpack] bench serve: %s done in %.1f s (%d/%d sessions)\n", st.label.c_str(), st.wall_s, st.completed,

@@ -8,6 +8,7 @@
 #include "compress/calibration.h"
 #include "engine/calibrate.h"
 #include "options.h"
+#include "util/progress.h"
 
 namespace kvpack::cli {
 
@@ -30,7 +31,9 @@ void add_calibrate(CLI::App& app) {
     std::vector<int32_t> toks = model->tokenizer().encode(head, false);
     if (static_cast<int64_t>(toks.size()) > *max_tokens) toks.resize(static_cast<size_t>(*max_tokens));
     if (toks.empty()) throw std::runtime_error(*text_path + ": no tokens");
-    const compress::QueryStats st = calibrate(*model, toks, engine_options(*o));
+    Progress progress("calibrate", static_cast<int64_t>(toks.size()), "tokens");
+    const compress::QueryStats st = calibrate(*model, toks, engine_options(*o), [&](int64_t done) { progress.set(done); });
+    progress.finish();
     const int64_t used = st.tokens;
     st.save(*out_path);
     // Concentration summary (mean resultant length over all heads and bands, weighted by E|q|).

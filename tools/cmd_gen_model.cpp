@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "gguf/model_writer.h"
+#include "util/progress.h"
 
 namespace kvpack::cli {
 namespace {
@@ -145,7 +146,21 @@ void add_gen_model(CLI::App& app) {
     }
     if (!type->empty()) spec.weight_type = parse_type(*type);
     spec.validate();
-    gguf::write_random_model(spec, *out);
+    {
+      // The writer cannot report progress: watch the bytes of its temporary file (OUT.tmp.XXXXXX) grow.
+      Progress progress("gen-model: writing " + *out, 0, "MiB");
+      const std::filesystem::path target(*out);
+      const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+      const std::string prefix = target.filename().string() + ".tmp.";
+      ProgressProbe probe(progress, [dir, prefix] {
+        std::error_code ec;
+        int64_t bytes = 0;
+        for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+          if (e.path().filename().string().rfind(prefix, 0) == 0) bytes += static_cast<int64_t>(e.file_size(ec));
+        return bytes >> 20;
+      });
+      gguf::write_random_model(spec, *out);
+    }
     std::fprintf(stderr, "[kvpack] wrote %s: random-weight %s, %u layers, embd %u, heads %u/%u, head_dim %u, ff %u, vocab %u, ctx %u, %s\n",
                  out->c_str(), spec.arch.c_str(), spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff,
                  spec.n_vocab, spec.n_ctx, std::string(dtype_name(spec.weight_type)).c_str());

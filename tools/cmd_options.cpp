@@ -3,13 +3,23 @@
 #include <sstream>
 
 #include "commands.h"
+#include "engine/auto_calibration.h"
 #include "kernels/attention.h"
 #include "options.h"
+#include "util/progress.h"
 
 namespace kvpack::cli {
 
 void add_model_options(CLI::App& cmd, ModelOptions& o) {
-  cmd.add_option("-m,--model", o.model, "Model file: GGUF, or llama2.c checkpoint with --tokenizer (default: embedded random model)");
+#ifdef KVPACK_EMBEDDED_MODEL
+  const char* default_model = "the embedded kvpack testbed model, docs/testbed.md";
+#else
+  const char* default_model = "a random-weight model (this build has no models/testbed.gguf to embed)";
+#endif
+  cmd.add_option("-m,--model", o.model, std::string("Model file: GGUF, or llama2.c checkpoint with --tokenizer (default: ") + default_model + ")")
+      ->default_str("");
+  cmd.add_option("-c,--ctx-size", o.ctx, "Context length in tokens (0: the model's trained context)")
+      ->check(CLI::Range(0, static_cast<int>(model_limits::kMaxContext)));
   cmd.add_option("--tokenizer", o.tokenizer, "llama2.c tokenizer file (tokenizer.bin) for llama2.c checkpoints")
       ->check(CLI::ExistingFile);
   cmd.add_option("-t,--threads", o.threads, "Threads")->check(CLI::Range(1, 256));
@@ -57,14 +67,19 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_option("--kv-recall-share", o.recall_share,
                  "A cold page is read and recalled when it could hold this share of the hot attention mass")
       ->check(CLI::Range(1e-6, 1.0));
-  cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`; required by triattention, used by trispan)")
+  cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`; used by trispan when given; triattention without it: "
+                 "computed once on built-in text and cached in $XDG_CACHE_HOME/kvpack or ~/.cache/kvpack)")
       ->check(CLI::ExistingFile);
+}
+
+compress::PolicyKind KvOptions::resolved_policy() const {
+  // No --kv-policy (and no caller that set one): the budget alone selects the default policy.
+  return policy_given || policy != "full" ? compress::parse_policy(policy) : compress::resolve_policy("", budget);
 }
 
 compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   compress::CompressConfig c;
-  // No --kv-policy (and no caller that set one): the budget alone selects the default policy.
-  c.policy = o.policy_given || o.policy != "full" ? compress::parse_policy(o.policy) : compress::resolve_policy("", o.budget);
+  c.policy = o.resolved_policy();
   c.budget = o.budget;
   c.interval = o.interval;
   c.sinks = o.sinks;
@@ -79,16 +94,33 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.recall.max_pages = o.recall_pages;
   c.recall.min_share = o.recall_share;
   c.recall.guard = o.guard;
-  // Load the statistics first (when given) so that validate() sees them.
+  // Load the statistics first (when given) so that validate() sees them; a policy that cannot run
+  // without them gets them computed once on built-in text and cached (engine/auto_calibration.h).
   if (compress::policy_needs_calibration(c.policy) && !o.calib.empty())
     engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));
+  if (c.budget > 0) {
+    AutoCalibrationInfo info;
+    if (ensure_calibration(engine, c.policy, &info)) std::fprintf(stderr, "[kvpack] %s\n", info.describe().c_str());
+  }
   c.validate(engine.model().config(), engine.calibration());
   return c;
 }
 
 std::unique_ptr<Model> load_model(const ModelOptions& o) {
   const std::string path = o.model.empty() ? default_model_path() : o.model;
-  auto m = Model::load(path, o.tokenizer);
+  std::unique_ptr<Model> m;
+  {
+    // A long load (llama2.c weights are read and converted; a GGUF on a slow disk) shows it is alive.
+    Progress progress("loading " + path, 0, "");
+    ProgressProbe probe(progress, [] { return int64_t{0}; });
+    m = Model::load(path, o.tokenizer);
+  }
+  if (o.ctx > 0 && o.ctx != m->config().n_ctx) {
+    if (o.ctx > m->trained_context_length())
+      std::fprintf(stderr, "[kvpack] warning: -c %d is beyond the context this model was trained for (%d); quality will suffer\n", o.ctx,
+                   m->trained_context_length());
+    m->set_context_length(o.ctx);
+  }
   const ModelConfig& c = m->config();
   if (!o.quiet) {
     std::fprintf(stderr, "[kvpack] model %s: %s, %d layers, embd %d, heads %d/%d (head_dim %d), ff %d, vocab %d, ctx %d, %s weights\n",

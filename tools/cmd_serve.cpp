@@ -103,8 +103,9 @@ void add_serve(CLI::App& app) {
         opt.http.max_connections = static_cast<int32_t>(std::max(1LL, room));
       }
     }
-    if (opt.model_id.empty() && !o->model.empty()) opt.model_id = std::filesystem::path(o->model).stem().string();
-    opt.default_kv = kv_config(*kvo, engine);
+    // The id goes into URLs (/v1/models/{id}): the file stem, spaces and the like as '-'.
+    if (opt.model_id.empty() && !o->model.empty()) opt.model_id = server::model_id_slug(std::filesystem::path(o->model).stem().string());
+    opt.default_kv = kv_config(*kvo, engine);  // a triattention default calibrates here, once (cached)
     opt.scheduler.preempt = parse_preempt(*preempt);
     opt.scheduler.prefix_cache = !*no_prefix_cache;
     opt.scheduler.reserve_admission = *admission == "reserve";

@@ -15,11 +15,12 @@ struct ModelOptions {
   std::string tokenizer;  // llama2.c tokenizer.bin
   int32_t threads = 2;
   int32_t page_size = 16;
-  std::string kv_type = "f32";  // --kv-type: f32, f16, bf16, q8_0 (kernels::parse_kv_type)
+  std::string kv_type = "f16";  // --kv-type: f32, f16, bf16, q8_0 (kernels::parse_kv_type); f16 as llama.cpp
   int64_t kv_pages = 0;
   std::string kv_cold;  // --kv-cold: "", host:BYTES or dir:PATH:BYTES
   bool kv_cold_evicted = true;  // --kv-cold-evicted
   int32_t batch = 256;
+  int32_t ctx = 0;  // -c / --ctx-size: context length (0: the model's)
   bool quiet = false;
 };
 
@@ -41,13 +42,18 @@ struct KvOptions {
   int32_t recall_pages = 4;
   float recall_share = 0.02f;
   float guard = 0.0f;
+  // The policy these options select: --kv-policy when given, else compress::kDefaultPolicy when
+  // --kv-budget > 0, else full. Every command reads the policy through this (labels included).
+  compress::PolicyKind resolved_policy() const;
+  std::string resolved_policy_name() const { return compress::policy_name(resolved_policy()); }
 };
 
 void add_model_options(CLI::App& cmd, ModelOptions& o);
 void add_kv_options(CLI::App& cmd, KvOptions& o);
 // Validates and converts; loads the calibration into the engine when the policy needs it.
 compress::CompressConfig kv_config(const KvOptions& o, Engine& engine);
-std::unique_ptr<Model> load_model(const ModelOptions& o);  // prints a one-line model summary to stderr
+// Prints a one-line model summary to stderr; applies -c (a context beyond the trained one: a warning).
+std::unique_ptr<Model> load_model(const ModelOptions& o);
 EngineOptions engine_options(const ModelOptions& o);
 void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv);
 std::string format_bytes(size_t b);

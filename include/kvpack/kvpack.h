@@ -22,14 +22,17 @@ struct SessionOptions {
   std::string model_path;      // GGUF, or llama2.c checkpoint (then tokenizer_path is required)
   std::string tokenizer_path;  // llama2.c tokenizer.bin
   int32_t threads = 2;
-  std::string kv_type = "f32";  // "f32", "f16", "bf16" or "q8_0" (q8_0 needs head_dim % 32 == 0)
+  std::string kv_type = "f16";  // "f16" (default, as llama.cpp), "f32", "bf16" or "q8_0" (q8_0 needs head_dim % 32 == 0)
   int64_t kv_pages = 0;         // page-pool limit; 0 = one full context
-  // KV compression: "full" (none), "streaming", "knorm", "triattention", "snapkv", "rkv", "tova", "h2o".
-  std::string kv_policy = "full";
+  // KV compression: "full" (none), "streaming", "knorm", "triattention", "snapkv", "rkv", "tova", "h2o",
+  // "trispan". Empty: the recommended policy (trispan) when kv_budget > 0, else none.
+  std::string kv_policy;
   int32_t kv_budget = 0;        // slots kept per (layer, KV head); the one knob that matters
   int32_t kv_interval = 128;
   std::string kv_split = "uniform";  // "uniform", "pyramid", "ada"
-  std::string kv_calib;         // TriAttention statistics (kvpack calibrate)
+  // TriAttention statistics (kvpack calibrate). Empty with a policy that needs them (triattention):
+  // computed once on built-in text and cached in $XDG_CACHE_HOME/kvpack (or ~/.cache/kvpack).
+  std::string kv_calib;
 };
 
 struct GenerateOptions {
@@ -70,6 +73,9 @@ class Session {
   std::string detokenize(const std::vector<int32_t>& tokens) const;
   // "llama 5 layers ..." one-line description of the loaded model.
   std::string describe() const;
+  // How the KV calibration was obtained when open() computed or reused it by itself (triattention
+  // without kv_calib): "triattention calibration computed (...), cached at PATH"; "" otherwise.
+  std::string calibration_report() const;
 
  private:
   Session();

@@ -48,8 +48,9 @@ void CompressConfig::validate(const ModelConfig& model, const QueryStats* calibr
     throw InvalidCompressConfig("kv_budget", std::to_string(budget) + " is smaller than kv_sinks + kv_window + 1 (" +
                                                  std::to_string(floor) + ")");
   if (policy_requires_calibration(policy) && calibration == nullptr)
-    throw InvalidCompressConfig("kv_policy", pol + " needs calibration statistics: run `kvpack calibrate -m MODEL --text FILE -o FILE`, "
-                                             "then pass --kv-calib FILE (kvpack serve --kv-calib FILE for the server, kv_calib in the C++ API)");
+    throw InvalidCompressConfig("kv_policy", pol + " needs calibration statistics, and none are loaded: `kvpack generate` and the "
+                                             "C++ API compute them by themselves (once per model, cached); start `kvpack serve` with "
+                                             "--kv-policy triattention (same) or --kv-calib FILE (from `kvpack calibrate`)");
   if (policy == PolicyKind::TriAttention && model.rope_dims != model.head_dim)
     throw InvalidCompressConfig("kv_policy", pol + " needs RoPE on the whole head (rope_dims " + std::to_string(model.rope_dims) +
                                              " != head_dim " + std::to_string(model.head_dim) + ")");

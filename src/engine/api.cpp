@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "compress/calibration.h"
+#include "engine/auto_calibration.h"
 #include "engine/engine.h"
 #include "kernels/attention.h"
 #include "model/model.h"
@@ -14,6 +15,7 @@ struct Session::Impl {
   std::unique_ptr<Model> model;
   std::unique_ptr<Engine> engine;
   compress::CompressConfig kv;
+  AutoCalibrationInfo calibration;
 };
 
 Session::Session() : impl_(std::make_unique<Impl>()) {}
@@ -28,13 +30,15 @@ std::unique_ptr<Session> Session::open(const SessionOptions& o) {
   eo.kv_type = kernels::parse_kv_type(o.kv_type);  // throws on unknown names
   eo.kv_pages = o.kv_pages;
   im.engine = std::make_unique<Engine>(*im.model, eo);
-  im.kv.policy = compress::parse_policy(o.kv_policy);
+  im.kv.policy = compress::resolve_policy(o.kv_policy, o.kv_budget);  // "" + a budget: the recommended policy
   im.kv.budget = o.kv_budget;
   im.kv.interval = o.kv_interval;
   im.kv.split = compress::parse_split(o.kv_split);
   if (compress::policy_needs_calibration(im.kv.policy) && !o.kv_calib.empty())
     im.engine->set_calibration(compress::QueryStats::load(o.kv_calib, im.model->config()));
-  im.kv.validate(im.model->config(), im.engine->calibration());  // kv_calib missing: names `kvpack calibrate`
+  // triattention without kv_calib: computed once on built-in text and cached (engine/auto_calibration.h).
+  if (im.kv.budget > 0) ensure_calibration(*im.engine, im.kv.policy, &im.calibration, /*progress=*/false);
+  im.kv.validate(im.model->config(), im.engine->calibration());
   return s;
 }
 
@@ -83,6 +87,10 @@ std::string Session::describe() const {
   return c.arch + " " + std::to_string(c.n_layer) + " layers, embd " + std::to_string(c.n_embd) + ", heads " +
          std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ", vocab " + std::to_string(c.n_vocab) + ", ctx " +
          std::to_string(c.n_ctx) + (c.random_weights ? " (random weights)" : "");
+}
+
+std::string Session::calibration_report() const {
+  return impl_->calibration.tokens > 0 ? impl_->calibration.describe() : "";
 }
 
 }  // namespace kvpack

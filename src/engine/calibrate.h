@@ -3,6 +3,7 @@
 // Used by `kvpack calibrate`, the quality sweep and `kvpack bench kv`.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "compress/calibration.h"
@@ -10,6 +11,9 @@
 
 namespace kvpack {
 
-compress::QueryStats calibrate(const Model& model, std::span<const int32_t> tokens, const EngineOptions& eo);
+// on_tokens (optional) is called after each forward chunk with the tokens of `tokens` processed so far
+// (progress; the BOS of each window is not counted).
+compress::QueryStats calibrate(const Model& model, std::span<const int32_t> tokens, const EngineOptions& eo,
+                               const std::function<void(int64_t done)>& on_tokens = {});
 
 }  // namespace kvpack

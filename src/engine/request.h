@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compress/compressor.h"
@@ -11,6 +12,15 @@
 #include "engine/sampler.h"
 
 namespace kvpack {
+
+// Log-probabilities of one generated token under the model's distribution (log-softmax of the raw
+// logits: before repetition penalty, temperature and truncation, as OpenAI and vLLM report them).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the most likely tokens, most likely first
+};
+inline constexpr int32_t kMaxTopLogprobs = 20;
 
 struct Request {
   std::vector<int32_t> prompt;  // non-empty (BOS at least, for models that use it); at most the context
@@ -21,6 +31,9 @@ struct Request {
   compress::CompressConfig kv;  // KV compression (policy "full" = none)
   int32_t priority = 0;         // higher = more important (priority preemption)
   uint64_t cache_salt = 0;      // prefix-cache namespace (tenants never share blocks across salts)
+  // -1: no log-probabilities; k in [0, kMaxTopLogprobs]: each emitted token's log-probability and its
+  // k most likely alternatives (RequestEvent::logprobs).
+  int32_t logprobs = -1;
 };
 
 // Why a request ended. Precedence when several hold after one token: end-of-generation token (Eos,
@@ -52,6 +65,10 @@ struct RequestEvent {
   enum class Kind { Text, Finished } kind = Kind::Text;
   std::string text;             // Text: newly printable text
   std::vector<int32_t> tokens;  // Text: token ids produced with it
+  // With Request::logprobs >= 0: one entry per emitted token, in order, on the event that first shows
+  // text at or after it (a token whose text is held back rides on a later event; what is left at the
+  // end comes on the last Text event or on Finished). Every emitted token appears exactly once.
+  std::vector<TokenLogprob> logprobs;
   FinishReason finish = FinishReason::Length;  // Finished
   std::string error;            // Finished with FinishReason::Error: what went wrong
   RequestStats stats;           // Finished

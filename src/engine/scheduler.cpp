@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace kvpack {
@@ -68,6 +70,8 @@ uint64_t Scheduler::submit(Request req, EventSink sink) {
   for (int32_t t : req.prompt)
     if (t < 0 || t >= c.n_vocab) throw std::invalid_argument("token id " + std::to_string(t) + " out of range");
   if (req.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  if (req.logprobs < -1 || req.logprobs > kMaxTopLogprobs)
+    throw std::invalid_argument("logprobs must be -1 (off) or in [0, " + std::to_string(kMaxTopLogprobs) + "]");
   auto s = std::make_unique<Sequence>();
   // Constructing the compressor validates the KV config (budget vs window, calibration present).
   s->comp = req.kv.enabled() ? std::make_unique<compress::SequenceCompressor>(req.kv, c, engine_->calibration(),
@@ -289,11 +293,13 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
     if (!rest.empty() && s->sink) {
       RequestEvent ev;
       ev.text = rest;
+      ev.logprobs.swap(s->pending_logprobs);
       s->sink(ev);
     }
   }
   RequestEvent ev;
   ev.kind = RequestEvent::Kind::Finished;
+  ev.logprobs.swap(s->pending_logprobs);  // tokens whose text was held back to the end (e.g. a stop string)
   ev.finish = reason;
   ev.error = error;
   ev.tokens.assign(s->tokens.begin() + s->n_prompt, s->tokens.end());
@@ -364,9 +370,35 @@ void Scheduler::emit_token(Sequence& s, int32_t token) {
     RequestEvent ev;
     ev.text = text;
     ev.tokens = {token};
+    ev.logprobs.swap(s.pending_logprobs);
     s.sink(ev);
   }
 }
+
+namespace {
+// Log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t k) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = logits[static_cast<size_t>(token)] - lse;
+  const size_t n = std::min(logits.size(), static_cast<size_t>(std::max(0, k)));
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(n), ids.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) lp.top.emplace_back(ids[i], logits[static_cast<size_t>(ids[i])] - lse);
+  }
+  return lp;
+}
+}  // namespace
 
 bool Scheduler::schedule(StepPlan& plan) {
   plan.clear();
@@ -478,6 +510,7 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     }
     // Sample the next token from this sequence's logits.
     float* lg = logits.data() + static_cast<size_t>(item.logits_row) * V;
+    if (s.req.logprobs >= 0) s.raw_logits.assign(lg, lg + V);  // the sampler's penalty rewrites lg in place
     const int32_t next = s.sampler->sample(lg, s.tokens);
     if (s.req.max_tokens == 0) {
       s.ending = FinishReason::Length;
@@ -491,6 +524,7 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     }
     s.tokens.push_back(next);
     ++s.n_generated;
+    if (s.req.logprobs >= 0) s.pending_logprobs.push_back(token_logprob(s.raw_logits, next, s.req.logprobs));
     const bool first = !s.first_token_done();
     emit_token(s, next);
     if (first) {

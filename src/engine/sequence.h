@@ -43,6 +43,8 @@ struct Sequence {
   double t_submit = 0, t_admitted = 0, t_first_token = 0, t_last_token = 0;
   bool cancelled = false;
   std::optional<FinishReason> ending;  // set by update() when the last token decided how it ends
+  std::vector<float> raw_logits;           // Request::logprobs >= 0: this step's logits before sampling
+  std::vector<TokenLogprob> pending_logprobs;  // emitted tokens whose log-probabilities no event carried yet
   RequestStats stats;
   compress::CompressionStats comp_before;  // compression stats of earlier incarnations (preemption)
 

@@ -87,8 +87,10 @@ FullReference full_reference(const Model& model, const std::vector<std::vector<i
 }
 
 KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windows, const compress::CompressConfig& kv,
-              const compress::QueryStats* calib, const EngineOptions& eo, const FullReference* ref) {
+              const compress::QueryStats* calib, const EngineOptions& eo, const FullReference* ref,
+              const std::function<void(int64_t)>& on_position) {
   if (windows.empty()) throw std::invalid_argument("no windows");
+  int64_t done = 0;
   if (ref && ref->logits.size() != windows.size()) throw std::invalid_argument("reference does not match the windows");
   const ModelConfig& c = model.config();
   const int32_t V = c.n_vocab;
@@ -143,6 +145,7 @@ KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windo
         }
       }
       if (comp && comp->after_forward(*seq_c, i == 0)) evicted = true;
+      if (on_position) on_position(++done);
     }
     r.final_pages = comp ? comp->accounted_pages(*seq_c) : seq_c->pages_held();
     if (seq_f) r.full_final_pages = seq_f->pages_held();

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,8 +72,10 @@ FullReference full_reference(const Model& model, const std::vector<std::vector<i
 // these windows (nullptr: the full run is computed alongside, in lockstep). Throws what the compressor
 // throws for an invalid config (e.g. budget < sinks + window + 1) and std::runtime_error if the KV pool
 // runs out.
+// on_position (optional): called after each position with the positions done so far (progress).
 KldResult kld(const Model& model, const std::vector<std::vector<int32_t>>& windows, const compress::CompressConfig& kv,
-              const compress::QueryStats* calib, const EngineOptions& eo, const FullReference* ref = nullptr);
+              const compress::QueryStats* calib, const EngineOptions& eo, const FullReference* ref = nullptr,
+              const std::function<void(int64_t)>& on_position = {});
 
 // Convenience: windows from text tokens, then kld().
 KldResult kld(const Model& model, std::span<const int32_t> text_tokens, const compress::CompressConfig& kv,

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "compress/calibration.h"
+#include "util/progress.h"
 
 namespace kvpack::eval {
 namespace fs = std::filesystem;
@@ -117,7 +118,15 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
 
   SweepResult res;
   res.model_name = c.name;
-  const bool need_calib = std::find(opt.policies.begin(), opt.policies.end(), "triattention") != opt.policies.end();
+  // Statistics are computed when a listed policy cannot run without them (triattention); a policy that
+  // only uses them when given (trispan) gets them only from --kv-calib, so its rows measure what
+  // `--kv-budget N` alone runs on the command line.
+  bool requires_calib = false;
+  for (const auto& p : opt.policies) requires_calib |= compress::policy_requires_calibration(compress::parse_policy(p));
+  const bool need_calib = requires_calib || !opt.calib_path.empty();
+  auto row_calib = [&](compress::PolicyKind k) {
+    return compress::policy_requires_calibration(k) || !opt.calib_path.empty();
+  };
 
   // Text: KL windows from the start, calibration text right after them (disjoint).
   std::vector<int32_t> text_tokens;
@@ -155,7 +164,9 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
         ct = tokenize_head(tok, filler, opt.calib_tokens);
         from = f.empty() ? std::string("the built-in task filler text") : "the filler text " + opt.filler_path;
       }
-      stats = std::make_unique<compress::QueryStats>(kvpack::calibrate(model, ct, opt.engine));
+      Progress cp("eval sweep: calibrating triattention", static_cast<int64_t>(ct.size()), "tokens");
+      stats = std::make_unique<compress::QueryStats>(kvpack::calibrate(model, ct, opt.engine, [&](int64_t d) { cp.set(d); }));
+      cp.finish();
       res.calib_note = "triattention calibration: computed by the sweep (no --kv-calib) from " + std::to_string(ct.size()) +
                        " tokens of " + from;
       if (!opt.out_dir.empty()) {
@@ -172,20 +183,34 @@ SweepResult run_sweep(const Model& model, const SweepOptions& opt, const std::fu
       FullReference::bytes_needed(windows.size(), opt.ctx, c.n_vocab) <= opt.max_reference_bytes) {
     ref = std::make_unique<FullReference>(full_reference(model, windows, opt.engine));
   }
-  Engine task_engine(model, opt.engine);
+  Engine task_engine(model, opt.engine);  // with the statistics (rows whose policy gets them)
+  Engine plain_engine(model, opt.engine);  // without
   if (stats) task_engine.set_calibration(*stats);
 
+  // Progress inside a row: KL positions, then task samples (a row can take minutes).
+  const int64_t row_work = static_cast<int64_t>(windows.size()) * opt.ctx +
+                           (opt.tasks ? static_cast<int64_t>(opt.task_kinds.size()) * opt.task_n : 0);
   auto measure = [&](const compress::CompressConfig& cfg, SweepRow& row) {
+    const bool with_stats = stats && row_calib(cfg.policy);
+    Progress progress("eval sweep: " + row.policy + (cfg.enabled() ? " budget " + std::to_string(cfg.budget) : ""), row_work,
+                      "positions + samples");
+    int64_t base = 0;
     if (!windows.empty()) {
-      row.kld = kld(model, windows, cfg, stats.get(), opt.engine, ref.get());
+      row.kld = kld(model, windows, cfg, with_stats ? stats.get() : nullptr, opt.engine, ref.get(), [&](int64_t d) { progress.set(d); });
       row.has_kld = true;
+      base = static_cast<int64_t>(windows.size()) * opt.ctx;
     }
     if (opt.tasks)
       for (TaskKind k : opt.task_kinds) {
-        TaskResult tr = run_task(task_engine, k, opt.ctx, opt.task_n, opt.seed, cfg, opt.task_options);
+        progress.note(std::string("(") + task_name(k) + ")");
+        TaskOptions to = opt.task_options;
+        to.on_sample = [&](int32_t d) { progress.set(base + d); };
+        TaskResult tr = run_task(with_stats ? task_engine : plain_engine, k, opt.ctx, opt.task_n, opt.seed, cfg, to);
+        base += opt.task_n;
         tr.samples.clear();
         row.tasks.push_back(std::move(tr));
       }
+    progress.finish();
   };
   auto describe = [&](const SweepRow& row) {
     std::string s = row.policy + " budget " + std::to_string(row.budget) + ": ";

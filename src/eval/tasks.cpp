@@ -434,6 +434,7 @@ TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n
     res.peak_resident_kv_bytes = std::max(res.peak_resident_kv_bytes, g.peak_resident_kv_bytes);
     res.compression.add(g.compression);
     res.samples.push_back(std::move(s));
+    if (opt.on_sample) opt.on_sample(i + 1);
   }
   res.accuracy = static_cast<double>(res.correct) / n;
   res.mean_prompt_tokens = prompt_sum / n;

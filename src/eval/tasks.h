@@ -25,6 +25,7 @@
 // Thread-safety: pure functions; safe to call concurrently.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +77,8 @@ struct TaskOptions {
   // first); more (names and numbers distinct from all others, drawn after the first two so that 2 gives the
   // same prompts) are for training data: each extra chain's last variable is one more 4-hop question.
   int32_t chains = 2;
+  // Called after each sample of run_task with the samples done so far (progress; may be empty).
+  std::function<void(int32_t)> on_sample;
 };
 constexpr int32_t kNeedlesMin = 4, kNeedlesMax = 32;
 constexpr int32_t kChainsMin = 2, kChainsMax = 8;

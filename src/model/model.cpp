@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <iostream>
 
 #include "model/model.h"
@@ -27,11 +28,23 @@ std::unique_ptr<Model> Model::load(const std::string& path, const std::string& t
   if (!in) throw ModelError(path + ": cannot open model file");
   char magic[4] = {};
   in.read(magic, 4);
+  std::unique_ptr<Model> m;
   if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) {
     if (!tokenizer_path.empty()) throw ModelError("--tokenizer is only for llama2.c checkpoints; GGUF files carry their vocab");
-    return load_gguf(path);
+    m = load_gguf(path);
+  } else {
+    m = load_llama2c(path, tokenizer_path);  // says "not a GGUF file ... and not a llama2.c checkpoint" if neither
   }
-  return load_llama2c(path, tokenizer_path);  // says "not a GGUF file ... and not a llama2.c checkpoint" if neither
+  m->path_ = path;
+  m->trained_ctx_ = m->cfg_.n_ctx;
+  return m;
+}
+
+void Model::set_context_length(int32_t n_ctx) {
+  if (n_ctx < 1 || n_ctx > model_limits::kMaxContext)
+    throw std::invalid_argument("context length " + std::to_string(n_ctx) + " must be in [1, " +
+                                std::to_string(model_limits::kMaxContext) + "]");
+  cfg_.n_ctx = n_ctx;
 }
 
 Model::~Model() = default;

@@ -89,6 +89,13 @@ class Model {
   const std::string& chat_template() const { return chat_template_; }
   // Extra end-of-generation token ids beyond tokenizer().eos().
   const std::vector<int32_t>& eog_tokens() const { return eog_; }
+  // The file it was loaded from (what the calibration cache keys on).
+  const std::string& path() const { return path_; }
+  // Sets the context length the engine uses (llama.cpp's -c / --ctx-size), in [1, kMaxContext]. Only
+  // before an Engine is built on this model: the KV page tables are sized from it. Throws
+  // std::invalid_argument outside the range. Beyond the trained context the model runs, unreliably.
+  void set_context_length(int32_t n_ctx);
+  int32_t trained_context_length() const { return trained_ctx_; }
 
  private:
   Model() = default;
@@ -107,6 +114,8 @@ class Model {
   size_t weight_bytes_ = 0;
   std::string chat_template_;
   std::vector<int32_t> eog_;
+  std::string path_;
+  int32_t trained_ctx_ = 0;
 };
 
 }  // namespace kvpack

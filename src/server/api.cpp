@@ -76,7 +76,7 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   if (const json* v = field(b, "n"); v && as_int(*v, "n", 1, 1 << 20) != 1) fail("only n = 1 is supported", "n");
   if (const json* v = field(b, "best_of"); v && as_int(*v, "best_of", 1, 1 << 20) != 1)
     fail("only best_of = 1 is supported", "best_of");
-  for (const char* k : {"logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "tools", "functions"})
+  for (const char* k : {"logit_bias", "suffix", "tools", "functions"})
     if (const json* v = field(b, k); v && truthy(*v)) fail(std::string("'") + k + "' is not supported by this server", k);
   for (const char* k : {"presence_penalty", "frequency_penalty"})
     if (const json* v = field(b, k); v && as_number(*v, k, -2, 2) != 0)
@@ -143,6 +143,12 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
     }
   }
   if (bud) s.kv.budget = static_cast<int32_t>(as_int(*bud, "kv_budget", 0, 1 << 24));
+  // kv_budget alone is the one knob: N > 0 on a server without a compressing default picks the
+  // recommended policy (as --kv-budget N does on the command line); 0 turns compression off.
+  if (bud && !pol) {
+    if (s.kv.budget == 0) s.kv.policy = compress::PolicyKind::Full;
+    else if (s.kv.policy == compress::PolicyKind::Full) s.kv.policy = compress::kDefaultPolicy;
+  }
   // Recall of evicted pages (needs the server's --kv-cold; without it the flag changes nothing).
   if (const json* v = field(b, "kv_recall")) {
     s.kv.recall.enabled = as_bool(*v, "kv_recall");
@@ -156,7 +162,7 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
       fail(e.what(), e.field() == "kv_budget" && !bud ? "kv_policy" : e.field());
     }
   } else if (bud && s.kv.budget > 0) {
-    fail("kv_budget has no effect with kv_policy 'full'; set kv_policy too", "kv_budget");
+    fail("kv_budget has no effect with kv_policy 'full'; drop kv_policy to get the recommended policy", "kv_budget");
   }
 }
 
@@ -249,6 +255,15 @@ ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
     if (!b.is_object()) fail("the request body must be a JSON object");
     ParsedRequest r;
     parse_common(b, ctx, r);
+    if (const json* v = field(b, "logprobs")) {  // an integer k; some clients send a boolean (true: k = 0)
+      if (v->is_boolean()) r.spec.logprobs = v->get<bool>() ? 0 : -1;
+      else r.spec.logprobs = static_cast<int32_t>(as_int(*v, "logprobs", 0, kMaxTopLogprobs));
+    }
+    if (const json* v = field(b, "top_logprobs"); v && truthy(*v))
+      fail("'top_logprobs' is a chat completions field; on /v1/completions 'logprobs' is the number of alternatives", "top_logprobs");
+    if (const json* v = field(b, "echo")) r.echo = as_bool(*v, "echo");
+    if (r.echo && r.spec.logprobs >= 0)
+      fail("'echo' with 'logprobs' asks for the prompt's log-probabilities, which this server does not compute", "echo");
     const json* p = field(b, "prompt");
     if (!p) fail("'prompt' is required", "prompt");
     const Tokenizer& tok = *ctx.tokenizer;
@@ -276,6 +291,15 @@ ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
       fail("'prompt' must be a string or a list of token ids", "prompt");
     }
     check_prompt(ctx, r, "prompt");
+    if (r.echo) {
+      if (p->is_string()) r.echo_text = p->get<std::string>();
+      else if (p->is_array() && !p->empty() && (*p)[0].is_string()) r.echo_text = (*p)[0].get<std::string>();
+      else {  // token ids: their text, without the BOS marker
+        std::vector<int32_t> ids = r.spec.prompt;
+        if (!ids.empty() && ids.front() == tok.bos()) ids.erase(ids.begin());
+        r.echo_text = tok.decode(ids);
+      }
+    }
     return r;
   });
 }
@@ -286,6 +310,16 @@ ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
     ParsedRequest r;
     r.chat = true;
     parse_common(b, ctx, r);
+    const json* lp = field(b, "logprobs");
+    const bool want_lp = lp && as_bool(*lp, "logprobs");
+    if (const json* v = field(b, "top_logprobs")) {
+      const int32_t k = static_cast<int32_t>(as_int(*v, "top_logprobs", 0, kMaxTopLogprobs));
+      if (!want_lp && k > 0) fail("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+      r.spec.logprobs = k;
+    }
+    if (want_lp && r.spec.logprobs < 0) r.spec.logprobs = 0;
+    if (!want_lp) r.spec.logprobs = -1;
+    if (const json* v = field(b, "echo"); v && truthy(*v)) fail("'echo' is a /v1/completions field; chat completions have none", "echo");
     const json* m = field(b, "messages");
     if (!m) fail("'messages' is required", "messages");
     if (!m->is_array() || m->empty()) fail("'messages' must be a non-empty list", "messages");
@@ -319,6 +353,78 @@ ParseResult parse_request_body(std::string_view body, bool chat, const ApiContex
     return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
   }
   return chat ? parse_chat_request(j, ctx) : parse_completion_request(j, ctx);
+}
+
+namespace {
+template <class F>
+JsonResult guarded_json(std::string_view body, F&& f) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::exception& e) {
+    return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
+  }
+  try {
+    if (!j.is_object()) fail("the request body must be a JSON object");
+    return f(j);
+  } catch (const ApiError& e) {
+    return e;
+  } catch (const json::exception& e) {
+    return bad_request(std::string("invalid request: ") + e.what());
+  }
+}
+}  // namespace
+
+JsonResult tokenize_body(std::string_view body, const ApiContext& ctx) {
+  return guarded_json(body, [&](const json& b) -> JsonResult {
+    const json* c = field(b, "content");
+    if (!c) fail("'content' is required", "content");
+    const std::string text = as_string(*c, "content");
+    bool add_special = false, with_pieces = false;
+    if (const json* v = field(b, "add_special")) add_special = as_bool(*v, "add_special");
+    if (const json* v = field(b, "with_pieces")) with_pieces = as_bool(*v, "with_pieces");
+    const Tokenizer& tok = *ctx.tokenizer;
+    const std::vector<int32_t> ids = tok.encode(text, add_special && tok.bos() >= 0);
+    json out = json::array();
+    for (int32_t id : ids) {
+      if (with_pieces) out.push_back({{"id", id}, {"piece", tok.piece(id)}});
+      else out.push_back(id);
+    }
+    return json{{"tokens", out}};
+  });
+}
+
+JsonResult detokenize_body(std::string_view body, const ApiContext& ctx) {
+  return guarded_json(body, [&](const json& b) -> JsonResult {
+    const json* t = field(b, "tokens");
+    if (!t) fail("'tokens' is required", "tokens");
+    if (!t->is_array()) fail("'tokens' must be a list of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (const auto& x : *t) {
+      const int64_t id = as_int(x, "tokens", INT32_MIN, INT32_MAX);
+      if (id < 0 || id >= ctx.model->n_vocab)
+        fail("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(ctx.model->n_vocab) + ")", "tokens");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return json{{"content", ctx.tokenizer->decode(ids)}};
+  });
+}
+
+std::string model_id_slug(std::string_view name) {
+  std::string s;
+  bool dash = false;
+  for (char ch : name) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || c == '.' || c == '_' || c == '-') {
+      if (dash && !s.empty()) s += '-';
+      dash = false;
+      s += ch;
+    } else {
+      dash = true;
+    }
+  }
+  while (!s.empty() && s.back() == '-') s.pop_back();
+  return s.empty() ? "kvpack" : s;
 }
 
 ResponseMeta new_response_meta(bool chat, std::string model) {
@@ -367,8 +473,47 @@ json usage_json(const Usage& u) {
                           {"ttft_seconds", u.ttft_seconds}}}};
 }
 
-json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+namespace {
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+}  // namespace
+
+json logprobs_json(bool chat, const std::vector<TokenLogprob>& lps, const Tokenizer& tok, int64_t offset0) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprob& lp : lps) {
+      const std::string piece = tok.piece(lp.token);
+      json top = json::array();
+      for (const auto& [id, l] : lp.top) {
+        const std::string p = tok.piece(id);
+        top.push_back({{"token", p}, {"logprob", l}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", lp.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t off = offset0;
+  for (const TokenLogprob& lp : lps) {
+    const std::string piece = tok.piece(lp.token);
+    tokens.push_back(piece);
+    token_lps.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [id, l] : lp.top)  // most likely first: of two ids with one piece, the likelier stays
+      if (!top.contains(tok.piece(id))) top[tok.piece(id)] = l;
+    tops.push_back(top);
+    offsets.push_back(off);
+    off += static_cast<int64_t>(piece.size());
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u,
+                         const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
   if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   return json{{"id", m.id},
@@ -379,8 +524,9 @@ json completion_response(const ResponseMeta& m, const std::string& text, const s
               {"usage", usage_json(u)}};
 }
 
-json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk,
+                  const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
   if (m.chat) {
     json delta = json::object();

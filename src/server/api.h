@@ -3,10 +3,12 @@
 //
 // Requests (POST /v1/completions, POST /v1/chat/completions) accept the OpenAI fields max_tokens
 // (chat also max_completion_tokens), temperature, top_p, min_p, seed, stop, stream,
-// stream_options.include_usage, and these extensions: top_k, repeat_penalty, ignore_eos, kv_policy,
-// kv_budget, priority, cache_salt. Fields that would silently change semantics if ignored (n > 1,
-// logprobs, echo, best_of, non-zero presence/frequency penalties, logit_bias, tools) are rejected with
-// a 400 instead. Unknown fields are ignored, as OpenAI clients send many optional ones.
+// stream_options.include_usage, logprobs (completions: an integer k; chat: a boolean with
+// top_logprobs k; k <= 20; streamed too), echo (completions), and these extensions: top_k,
+// repeat_penalty, ignore_eos, kv_policy, kv_budget (alone: the recommended policy), priority,
+// cache_salt. Fields that would silently change semantics if ignored (n > 1, best_of, echo together with
+// logprobs (prompt log-probabilities), non-zero presence/frequency penalties, logit_bias, tools) are
+// rejected with a 400 instead. Unknown fields are ignored, as OpenAI clients send many optional ones.
 // Omitted sampling fields take the engine's defaults (llama.cpp-like: temperature 0.8, top_k 40,
 // top_p 0.95, min_p 0.05); an omitted seed draws a fresh random one per request.
 // Nothing in a request can name a file (e.g. no per-request calibration file): the server's KV
@@ -60,10 +62,12 @@ struct ApiContext {
 };
 
 struct ParsedRequest {
-  Request spec;
+  Request spec;                // spec.logprobs: -1 off, else the top alternatives per token
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions: the prompt text is returned before the completion
+  std::string echo_text;       // ... this text (the prompt string, or the decoded prompt ids)
 };
 
 using ParseResult = std::variant<ParsedRequest, ApiError>;
@@ -71,6 +75,18 @@ ParseResult parse_completion_request(const json& body, const ApiContext& ctx);
 ParseResult parse_chat_request(const json& body, const ApiContext& ctx);
 // Parses a raw body (invalid JSON → 400) and dispatches on `chat`.
 ParseResult parse_request_body(std::string_view body, bool chat, const ApiContext& ctx);
+
+// llama-server's tokenizer endpoints (same field names):
+//   POST /tokenize   {"content": string, "add_special": bool = false, "with_pieces": bool = false}
+//                    → {"tokens": [id, ...]}, or with_pieces {"tokens": [{"id": id, "piece": string}, ...]}
+//   POST /detokenize {"tokens": [id, ...]} → {"content": string}   (ids outside the vocabulary: 400)
+using JsonResult = std::variant<json, ApiError>;
+JsonResult tokenize_body(std::string_view body, const ApiContext& ctx);
+JsonResult detokenize_body(std::string_view body, const ApiContext& ctx);
+
+// A model id clients can put in a URL path: runs of anything but [A-Za-z0-9._-] become one '-', no
+// leading / trailing '-' ("kvpack testbed qwen3" → "kvpack-testbed-qwen3"); "kvpack" if nothing is left.
+std::string model_id_slug(std::string_view name);
 
 // --- responses ---------------------------------------------------------------------------------------
 
@@ -100,10 +116,18 @@ struct Usage {
 std::string openai_finish_reason(FinishReason r);
 
 json usage_json(const Usage& u);
-json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u);
+// The logprobs object of a choice, in the endpoint's shape. Chat: {"content": [{"token", "logprob",
+// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}. Completions (legacy):
+// {"tokens", "token_logprobs", "top_logprobs": [{piece: logprob}], "text_offset"}; text_offset counts
+// bytes from the start of the choice's text, starting at `offset0` (the echoed prompt's length).
+json logprobs_json(bool chat, const std::vector<TokenLogprob>& lps, const Tokenizer& tok, int64_t offset0 = 0);
+// `logprobs`: null, or logprobs_json's object.
+json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u,
+                         const json& logprobs = nullptr);
 // One streamed chunk: a text delta (finish_reason empty → null), or the closing chunk with its finish
 // reason. For chat, the first chunk (first_chunk) carries delta.role = "assistant".
-json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk);
+json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk,
+                  const json& logprobs = nullptr);
 // The extra last chunk of stream_options.include_usage: empty choices and the usage.
 json usage_chunk(const ResponseMeta& m, const Usage& u);
 std::string sse_event(const json& j);  // "data: <json>\n\n"

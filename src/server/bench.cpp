@@ -6,10 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+
+#include "util/progress.h"
 
 namespace kvpack::server::bench {
 namespace {
@@ -211,6 +214,8 @@ double RunStats::ttft_quantile(double q) const {
 RunStats replay(const std::string& host, int port, const std::vector<Session>& mix, const ReplayOptions& o, const std::string& api_key) {
   RunStats st;
   st.sessions = static_cast<int32_t>(mix.size());
+  std::unique_ptr<Progress> progress;
+  if (!o.progress_label.empty()) progress = std::make_unique<Progress>(o.progress_label, st.sessions, "sessions");
   std::mutex mu;
   size_t next = 0;
   const auto start = Clock::now();
@@ -264,13 +269,17 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
         st.outputs[static_cast<uint64_t>(i) * 1000 + t] = r.text;
         if (s.kind == Session::Kind::Chat) messages.push_back({{"role", "assistant"}, {"content", r.text}});
       }
-      std::lock_guard<std::mutex> lock(mu);
-      (ok ? st.completed : st.failed) += 1;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        (ok ? st.completed : st.failed) += 1;
+      }
+      if (progress) progress->advance();
     }
   };
   std::vector<std::thread> threads;
   for (int32_t c = 0; c < std::max(1, o.clients); ++c) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
+  if (progress) progress->finish();
   st.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   std::sort(long_output_events.begin(), long_output_events.end());  // ends before starts at equal times
   for (int32_t cur = 0; const auto& e : long_output_events) st.peak_long_output = std::max(st.peak_long_output, cur += e.second);

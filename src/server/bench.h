@@ -53,6 +53,7 @@ struct ReplayOptions {
   double retry_wait_s = 0.05;
   double timeout_s = 900;       // whole replay
   double temperature = 0.8;     // 0: greedy (outputs comparable across runs whatever the batching)
+  std::string progress_label;   // non-empty: a progress bar / periodic lines on stderr (sessions done)
 };
 
 struct RunStats {

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -146,6 +147,18 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
   bool first_chunk = true;
   bool done = false;  // answered, cancelled, or its client went away
   std::string text;   // non-streamed: the completion so far
+  bool logprobs = false;  // the request asked for log-probabilities
+  std::vector<TokenLogprob> lps;  // non-streamed: all of them so far
+  int64_t text_offset = 0;        // completions' text_offset of the next token (echoed prompt included)
+  std::string echo;               // completions with echo: the prompt text, sent first
+
+  // A chunk's logprobs object (null when not asked for), advancing text_offset.
+  json chunk_logprobs(const std::vector<TokenLogprob>& v) {
+    if (!logprobs) return nullptr;
+    json j = logprobs_json(meta.chat, v, *srv->ctx_.tokenizer, text_offset);
+    for (const TokenLogprob& lp : v) text_offset += static_cast<int64_t>(srv->ctx_.tokenizer->piece(lp.token).size());
+    return j;
+  }
 
   ~Generation() {
     channel->set_notify(nullptr);
@@ -170,6 +183,14 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
           if (auto g = w.lock()) g->drain();
         });
     });
+    if (!echo.empty()) {
+      if (stream) {
+        e->write(sse_event(stream_chunk(meta, echo, "", first_chunk)));
+        first_chunk = false;
+      } else {
+        text = echo;
+      }
+    }
     drain();  // what arrived before the notification was set
   }
 
@@ -195,10 +216,11 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
       for (const RequestEvent& ev : events) {
         if (ev.kind == RequestEvent::Kind::Text) {
           if (stream) {
-            out += sse_event(stream_chunk(meta, ev.text, "", first_chunk));
+            out += sse_event(stream_chunk(meta, ev.text, "", first_chunk, chunk_logprobs(ev.logprobs)));
             first_chunk = false;
           } else {
             text += ev.text;
+            lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
           }
           continue;
         }
@@ -209,7 +231,8 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
           if (ev.finish == FinishReason::Error) {
             out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
           } else if (ev.finish != FinishReason::Cancelled) {
-            out += sse_event(stream_chunk(meta, "", openai_finish_reason(ev.finish), first_chunk));
+            out += sse_event(stream_chunk(meta, "", openai_finish_reason(ev.finish), first_chunk,
+                                          ev.logprobs.empty() ? json(nullptr) : chunk_logprobs(ev.logprobs)));
             if (include_usage) out += sse_event(usage_chunk(meta, srv->usage_of(ev)));
           }
           out += "data: [DONE]\n\n";
@@ -220,7 +243,9 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
         } else if (ev.finish == FinishReason::Cancelled) {
           e->respond(error_response(make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled")));
         } else {
-          e->respond(json_response(200, completion_response(meta, text, openai_finish_reason(ev.finish), srv->usage_of(ev))));
+          lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+          const json lp = logprobs ? logprobs_json(meta.chat, lps, *srv->ctx_.tokenizer, static_cast<int64_t>(echo.size())) : json(nullptr);
+          e->respond(json_response(200, completion_response(meta, text, openai_finish_reason(ev.finish), srv->usage_of(ev), lp)));
         }
         return;
       }
@@ -245,7 +270,8 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
 
 Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::move(opt)) {
   const Model& model = engine.model();
-  if (opt_.model_id.empty()) opt_.model_id = model.config().name.empty() ? "kvpack" : model.config().name;
+  // Ids go into URL paths (/v1/models/{id}): the model's name without spaces when none is given.
+  if (opt_.model_id.empty()) opt_.model_id = model_id_slug(model.config().name);
   if (opt_.max_concurrent < 1) throw std::invalid_argument("max_concurrent must be >= 1");
   if (opt_.http.max_connections < 1) throw std::invalid_argument("max_connections must be >= 1");
   ctx_.tokenizer = &model.tokenizer();
@@ -386,17 +412,39 @@ void Server::count_disconnect(bool blocking) {
 
 namespace {
 
-enum class Route { Health, Metrics, Models, Completions, Chat, KvPage, KvState, None };
+enum class Route { Health, Metrics, Models, ModelById, Completions, Chat, Tokenize, Detokenize, KvPage, KvState, None };
+
+constexpr std::string_view kModelsPrefix = "/v1/models/";
 
 Route route_of(const std::string& path) {
   if (path == "/health") return Route::Health;
   if (path == "/metrics") return Route::Metrics;
   if (path == "/v1/models") return Route::Models;
+  if (path.size() > kModelsPrefix.size() && path.compare(0, kModelsPrefix.size(), kModelsPrefix) == 0) return Route::ModelById;
   if (path == "/v1/completions") return Route::Completions;
   if (path == "/v1/chat/completions") return Route::Chat;
   if (path == "/kv") return Route::KvPage;
   if (path == "/kv/state") return Route::KvState;
+  if (path == "/tokenize") return Route::Tokenize;
+  if (path == "/detokenize") return Route::Detokenize;
   return Route::None;
+}
+
+bool is_post(Route r) { return r == Route::Completions || r == Route::Chat || r == Route::Tokenize || r == Route::Detokenize; }
+
+// "%20" and friends in a path segment (the SDK URL-encodes the id it is given).
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -406,7 +454,7 @@ Route route_of(const std::string& path) {
 std::optional<HttpResponse> Server::on_head(const HttpRequest& req) {
   const Route r = route_of(req.path);
   if (r == Route::None) return error_response(make_error(404, "unknown route: " + req.method + " " + req.path, "invalid_request_error", ""));
-  const bool post = r == Route::Completions || r == Route::Chat;
+  const bool post = is_post(r);
   if (req.method != (post ? "POST" : "GET")) {
     HttpResponse res = error_response(make_error(405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error", ""));
     res.headers.emplace_back("Allow", post ? "POST" : "GET");
@@ -431,7 +479,8 @@ void Server::on_request(const std::shared_ptr<Exchange>& ex) {
       res.body = metrics_text();
       return ex->respond(std::move(res));
     }
-    case Route::Models: {
+    case Route::Models:
+    case Route::ModelById: {
       const ModelConfig& c = engine_->model().config();
       json meta = {{"arch", c.arch},
                    {"n_ctx", c.n_ctx},
@@ -443,7 +492,25 @@ void Server::on_request(const std::shared_ptr<Exchange>& ex) {
                    {"kv_policy", compress::policy_name(opt_.default_kv.policy)},
                    {"kv_budget", opt_.default_kv.budget}};
       json model = {{"id", opt_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "kvpack"}, {"meta", meta}};
-      return ex->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}));
+      if (route_of(req.path) == Route::Models) return ex->respond(json_response(200, json{{"object", "list"}, {"data", json::array({model})}}));
+      const std::string id = percent_decode(std::string_view(req.path).substr(kModelsPrefix.size()));
+      if (id != opt_.model_id) {
+        ApiError e = make_error(404, "The model '" + id + "' does not exist (this server serves '" + opt_.model_id + "')",
+                                "invalid_request_error", "model_not_found");
+        e.param = "model";
+        return ex->respond(error_response(e));
+      }
+      return ex->respond(json_response(200, model));
+    }
+    case Route::Tokenize:
+    case Route::Detokenize: {
+      const bool tokenize = route_of(req.path) == Route::Tokenize;
+      workers_->post([this, ex, tokenize] {  // tokenizing is proportional to the body: off the I/O threads
+        JsonResult r = tokenize ? tokenize_body(ex->request().body, ctx_) : detokenize_body(ex->request().body, ctx_);
+        HttpResponse res = std::holds_alternative<json>(r) ? json_response(200, std::get<json>(r)) : error_response(std::get<ApiError>(r));
+        ex->post([ex, res = std::move(res)]() mutable { ex->respond(std::move(res)); });
+      });
+      return;
     }
     case Route::KvPage: {
       HttpResponse res;
@@ -497,6 +564,9 @@ void Server::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   gen->channel = slot->channel;
   gen->stream = r.stream;
   gen->include_usage = r.include_usage;
+  gen->logprobs = r.spec.logprobs >= 0;
+  gen->echo = r.echo ? r.echo_text : std::string();
+  gen->text_offset = static_cast<int64_t>(gen->echo.size());
   gen->meta = new_response_meta(chat, opt_.model_id);
   EventSink sink = RequestChannel::sink(slot->channel);
   if (log_) {

@@ -1,6 +1,8 @@
 // The HTTP server: OpenAI-compatible endpoints over a continuous-batching Scheduler.
 //   POST /v1/completions, POST /v1/chat/completions   (JSON or SSE with "stream": true)
-//   GET  /v1/models, /health, /metrics (Prometheus text), /kv (live page map) and /kv/state (its JSON)
+//   GET  /v1/models, /v1/models/{id} (404 model_not_found for another id), /health, /metrics (Prometheus text),
+//        /kv (live page map) and /kv/state (its JSON)
+//   POST /tokenize, /detokenize   (llama-server's fields; server/api.h)
 // HTTP is served by the event-driven layer in http_server.h (Boost.Beast / Asio: per-connection
 // deadlines, header / body limits, a connection cap, bounded shutdown). Nothing that takes time runs on
 // its I/O threads: a generation request's body is parsed and tokenized on a small worker pool (it only
@@ -44,7 +46,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   int port = 8080;                 // 0: any free port (see Server::port())
   std::string api_key;             // empty: no authentication
-  std::string model_id;            // name in responses and /v1/models (default: the model's name)
+  std::string model_id;            // name in responses and /v1/models (default: the model's name, spaces → '-')
   ApiLimits limits;
   int32_t max_concurrent = 32;     // generation requests served at once (streams included); more: 429
   compress::CompressConfig default_kv;  // validated by the caller (cli::kv_config)
