@@ -156,7 +156,7 @@ ChatRenderer::ChatRenderer(const std::string& jinja_template, const Tokenizer& t
         tmpl_.reset();
         reason_ = "its tokenizer.chat_template does not render (" + why + ")";
       }
-    } catch (const jinja::RaisedError&) {
+    } catch (const ChatRefused&) {
       // The template refuses the probe conversation on purpose: it renders, and will refuse such requests.
     } catch (const jinja::Error& e) {
       tmpl_.reset();

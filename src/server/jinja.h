@@ -8,7 +8,8 @@
 // Supported: {{ }}, {% if/elif/else %}, {% for a[, b] in xs [if c] %}...{% else %}, loop.* variables,
 // {% set x = ... %} / {% set ns.attr = ... %} with namespace(), comments, whitespace control (-/+), the
 // filters/tests/methods listed in jinja_eval.cpp. Anything else (macros, call blocks, ...) is a parse
-// error naming line and column, so the caller can fall back to a native format.
+// error naming line and column, so the caller can fall back to a native format. Tuples are lists
+// (they print as [1, 2], not (1, 2)); no chat template prints one.
 // Bounded: nesting depth, loop iterations, evaluation steps and output size are capped (Limits), so a
 // hostile template cannot hang the server or exhaust its memory.
 #pragma once
