@@ -5,6 +5,7 @@ pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libxxhash-dev
       python3 python3-numpy python3-matplotlib curl
+      python3-jinja2   # reference renderings of chat templates (tests/server_jinja_reference_test.cpp)
       clang libclang-rt-dev   # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh
       chromium chromium-driver)  # headless browser test of the live page map (scripts/kv_page_check.py)
 missing=()

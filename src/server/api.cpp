@@ -1,6 +1,7 @@
 #include "server/api.h"
 
 #include <cctype>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -338,8 +339,20 @@ ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
       else if (msg.role != "assistant") fail(at + ".content is required", at + ".content");
       msgs.push_back(std::move(msg));
     }
-    r.spec.prompt = render_chat_tokens(ctx.chat_format, msgs, *ctx.tokenizer);
-    for (auto& st : chat_default_stops(ctx.chat_format)) r.spec.stop.push_back(st);
+    if (ctx.chat) {
+      std::string note;
+      try {
+        r.spec.prompt = ctx.chat->tokens(msgs, &note);
+      } catch (const ChatRefused& e) {
+        fail(e.what(), "messages");
+      }
+      if (!note.empty()) std::fprintf(stderr, "kvpack: %s\n", note.c_str());
+      for (auto& st : note.empty() ? ctx.chat->default_stops() : chat_default_stops(ctx.chat->fallback()))
+        r.spec.stop.push_back(st);
+    } else {
+      r.spec.prompt = render_chat_tokens(ctx.chat_format, msgs, *ctx.tokenizer);
+      for (auto& st : chat_default_stops(ctx.chat_format)) r.spec.stop.push_back(st);
+    }
     check_prompt(ctx, r, "messages");
     return r;
   });

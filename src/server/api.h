@@ -54,6 +54,7 @@ struct ApiContext {
   const Tokenizer* tokenizer = nullptr;
   const ModelConfig* model = nullptr;
   ChatFormat chat_format = ChatFormat::Plain;
+  const ChatRenderer* chat = nullptr;  // the model's template (or its fallback); nullptr: chat_format
   compress::CompressConfig default_kv;  // server default policy, overridable per request
   const compress::QueryStats* calibration = nullptr;  // the engine's statistics (nullptr: none; triattention refused)
   int64_t kv_capacity_pages = 0;        // page pool size (an uncompressed prompt must fit)

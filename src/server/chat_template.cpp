@@ -1,5 +1,6 @@
 #include "server/chat_template.h"
 
+#include <algorithm>
 #include <string_view>
 
 namespace kvpack::server {
@@ -125,6 +126,151 @@ std::vector<int32_t> render_chat_tokens(ChatFormat f, const std::vector<ChatMess
 std::vector<std::string> chat_default_stops(ChatFormat f) {
   if (f == ChatFormat::Plain) return {"\nuser:"};
   return {};
+}
+
+}  // namespace kvpack::server
+
+namespace kvpack::server {
+namespace {
+
+// A conversation every family's template accepts (no system turn: some refuse one), to find out at
+// load time whether the template renders at all.
+const std::vector<ChatMessage> kProbe = {{"user", "Hello"}, {"assistant", "Hi."}, {"user", "Bye"}};
+
+}  // namespace
+
+ChatRenderer::ChatRenderer(const std::string& jinja_template, const Tokenizer& tok, std::string* log)
+    : tok_(&tok), fallback_(detect_chat_format(jinja_template)) {
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.token_type(id) == Tokenizer::kTypeControl && !tok.token_text(id).empty())
+      control_.emplace_back(tok.token_text(id), id);
+  std::stable_sort(control_.begin(), control_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  if (jinja_template.empty()) {
+    reason_ = "the model has no tokenizer.chat_template";
+  } else {
+    try {
+      tmpl_ = std::make_shared<const jinja::Template>(jinja_template);
+      std::string out, why;
+      if (!render_template(kProbe, false, out, why)) {
+        tmpl_.reset();
+        reason_ = "its tokenizer.chat_template does not render (" + why + ")";
+      }
+    } catch (const ChatRefused&) {
+      // The template refuses the probe conversation on purpose: it renders, and will refuse such requests.
+    } catch (const jinja::Error& e) {
+      tmpl_.reset();
+      reason_ = std::string("its tokenizer.chat_template cannot be parsed (") + e.what() + ")";
+    }
+  }
+  if (log) {
+    *log = tmpl_ ? "chat template: rendering the model's tokenizer.chat_template"
+                 : "chat template: " + reason_ + "; using the built-in '" + chat_format_name(fallback_) + "' format";
+  }
+}
+
+ChatRenderer::~ChatRenderer() = default;
+
+std::string ChatRenderer::mask(const std::string& content) const {
+  std::string m = content;
+  for (const auto& [text, id] : control_)
+    for (size_t p = m.find(text); p != std::string::npos; p = m.find(text, p + text.size()))
+      std::fill(m.begin() + p, m.begin() + p + text.size(), '\x01');
+  return m;
+}
+
+// false (with the reason) for a render error that is ours to handle; RaisedError propagates as ChatRefused.
+bool ChatRenderer::render_template(const std::vector<ChatMessage>& msgs, bool masked, std::string& out,
+                                   std::string& why) const {
+  jinja::Value ctx = jinja::Value::object();
+  jinja::Value ms = jinja::Value::array();
+  for (const auto& m : msgs) {
+    jinja::Value x = jinja::Value::object();
+    x["role"] = m.role == "developer" ? "system" : m.role;
+    x["content"] = masked ? mask(m.content) : m.content;
+    ms.push_back(std::move(x));
+  }
+  ctx["messages"] = std::move(ms);
+  ctx["bos_token"] = tok_->bos() >= 0 ? tok_->token_text(tok_->bos()) : "";
+  ctx["eos_token"] = tok_->eos() >= 0 ? tok_->token_text(tok_->eos()) : "";
+  ctx["add_generation_prompt"] = true;
+  try {
+    out = tmpl_->render(ctx);
+    return true;
+  } catch (const jinja::RaisedError& e) {
+    throw ChatRefused("the model's chat template refused the conversation: " + e.message);
+  } catch (const jinja::Error& e) {
+    why = e.what();
+    return false;
+  }
+}
+
+std::string ChatRenderer::text(const std::vector<ChatMessage>& msgs, std::string* note) const {
+  std::string out, why;
+  if (tmpl_ && render_template(msgs, false, out, why)) return out;
+  if (tmpl_ && note) *note = "chat template failed (" + why + "); rendered with the built-in '" +
+                             std::string(chat_format_name(fallback_)) + "' format";
+  return render_chat_text(fallback_, msgs);
+}
+
+std::vector<int32_t> ChatRenderer::tokens(const std::vector<ChatMessage>& msgs, std::string* note) const {
+  auto fall_back = [&](const std::string& why) {
+    if (note) *note = "chat template: " + why + "; rendered with the built-in '" + chat_format_name(fallback_) + "' format";
+    return render_chat_tokens(fallback_, msgs, *tok_);
+  };
+  if (!tmpl_) return render_chat_tokens(fallback_, msgs, *tok_);
+  std::string plain, masked, why;
+  if (!render_template(msgs, false, plain, why)) return fall_back(why);
+  bool any_control = false;
+  for (const auto& m : msgs) any_control |= mask(m.content) != m.content;
+  if (!any_control) masked = plain;
+  else if (!render_template(msgs, true, masked, why)) return fall_back(why);
+  if (masked.size() != plain.size()) return fall_back("the template treats marker text in messages specially");
+  for (size_t i = 0; i < plain.size(); ++i)
+    if (masked[i] != plain[i] && masked[i] != '\x01')
+      return fall_back("the template treats marker text in messages specially");
+
+  std::vector<int32_t> out;
+  size_t text_from = 0;
+  auto flush_text = [&](size_t end) {
+    if (end > text_from) {
+      const auto ids = tok_->encode(std::string_view(plain).substr(text_from, end - text_from), false, false);
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+  };
+  bool starts[256] = {};  // first bytes of control texts: most positions need no comparison at all
+  for (const auto& c : control_) starts[static_cast<unsigned char>(c.first[0])] = true;
+  for (size_t i = 0; i < masked.size();) {
+    if (!starts[static_cast<unsigned char>(masked[i])]) {
+      ++i;
+      continue;
+    }
+    int32_t id = -1;
+    size_t len = 0;
+    for (const auto& [t, tid] : control_) {
+      if (masked.compare(i, t.size(), t) == 0) {
+        id = tid, len = t.size();
+        break;
+      }
+    }
+    if (id < 0) {
+      ++i;
+      continue;
+    }
+    flush_text(i);
+    out.push_back(id);
+    i += len;
+    text_from = i;
+  }
+  flush_text(plain.size());
+  // Templates usually write bos_token themselves; add it only when the vocabulary wants one and it is missing.
+  if (tok_->add_bos_default() && tok_->bos() >= 0 && (out.empty() || out.front() != tok_->bos()))
+    out.insert(out.begin(), tok_->bos());
+  return out;
+}
+
+std::vector<std::string> ChatRenderer::default_stops() const {
+  return tmpl_ ? std::vector<std::string>{} : chat_default_stops(fallback_);
 }
 
 }  // namespace kvpack::server

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -277,6 +278,10 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_.tokenizer = &model.tokenizer();
   ctx_.model = &model.config();
   ctx_.chat_format = detect_chat_format(model.chat_template());
+  std::string chat_log;
+  chat_ = std::make_unique<ChatRenderer>(model.chat_template(), model.tokenizer(), &chat_log);
+  ctx_.chat = chat_.get();
+  std::fprintf(stderr, "kvpack: %s\n", chat_log.c_str());
   ctx_.default_kv = opt_.default_kv;
   ctx_.calibration = engine.calibration();
   ctx_.kv_capacity_pages = engine.kv().pool().capacity();

@@ -99,6 +99,7 @@ class Server {
 
   Engine* engine_;
   ServerOptions opt_;
+  std::unique_ptr<ChatRenderer> chat_;  // before ctx_, which points at it
   ApiContext ctx_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<HttpServer> http_;
