@@ -6,7 +6,8 @@
 // weak symbol that the linker then also uses for baseline callers -> SIGILL on older CPUs. So this
 // header holds only PODs, constants and declarations, and the ISA files include nothing but this,
 // <immintrin.h>, <cstdint> and <cstddef>, keep all helpers `static`/in anonymous namespaces, and use no
-// std templates.
+// std templates. One exception: kquant_decode_ymm.inc (super-block weight decoders shared by the AVX2 and
+// AVX-512 files) is #included *inside* each file's anonymous namespace, so every copy has internal linkage.
 #pragma once
 #include <cstddef>
 #include <cstdint>
