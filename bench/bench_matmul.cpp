@@ -7,7 +7,7 @@
 //   stream_sum/threads:T            read bandwidth: sum of a 512 MB buffer           -> "bytes" rate
 //   gemv/TYPE/NINxNOUT/ISA/threads:T  n_tokens = 1: y = W x                           -> "weights" rate
 //   prefill/TYPE/NINxNOUT/tok:N/ISA/threads:T                                         -> "flops" rate
-// TYPE: F16, Q8_0, BF16, Q4_0, Q4_K, F32.
+// TYPE: F16, Q8_0, BF16, Q4_0, Q4_K, F32, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS, Q5_0, Q5_1, IQ4_NL.
 // Rates are SI (G = 1e9). threads:1 runs are timed by the calling thread's CPU time (it does all the
 // work), so they stay meaningful on a shared machine where the thread gets preempted; threads:2 runs use
 // wall time and need an otherwise idle machine. Weights rotate over >= 512 MB of copies, so every call streams them from DRAM
@@ -153,7 +153,8 @@ void register_all() {
                                         threads),
            threads)
         ->Unit(benchmark::kMillisecond);
-  for (DType type : {DType::F16, DType::Q8_0, DType::BF16, DType::Q4_0, DType::Q4_K, DType::F32}) {
+  for (DType type : {DType::F16, DType::Q8_0, DType::BF16, DType::Q4_0, DType::Q4_K, DType::F32, DType::Q6_K, DType::Q5_K,
+                     DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
     for (const Shape& s : kShapes) {
       for (Isa isa : isas) {
         for (int threads : {1, 2}) {

@@ -93,16 +93,18 @@ std::vector<float> make_acts(int64_t n, std::mt19937& rng) {
   return x;
 }
 
-// The activation quantisation every path performs (documented in matmul.h), replicated in f32.
-void quantize_acts_ref(const float* x, int64_t n, std::vector<int>& q, std::vector<float>& d) {
+// The activation quantisation every path performs (documented in matmul.h), replicated in f32: int8
+// blocks of `blk` elements (32; 256 for Q4_K, whose kernels take one scale per super-block). d has one
+// entry per 32 elements either way (a super-block's scale repeated 8 times).
+void quantize_acts_ref(const float* x, int64_t n, std::vector<int>& q, std::vector<float>& d, int64_t blk = 32) {
   q.resize(n);
   d.resize(n / 32);
-  for (int64_t b = 0; b < n / 32; ++b) {
+  for (int64_t b = 0; b < n / blk; ++b) {
     float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    d[b] = amax / 127.0f;
+    for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(x[b * blk + i]));
+    for (int64_t k = 0; k < blk / 32; ++k) d[b * blk / 32 + k] = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < 32; ++i) q[b * 32 + i] = static_cast<int>(std::nearbyint(x[b * 32 + i] * id));
+    for (int64_t i = 0; i < blk; ++i) q[b * blk + i] = static_cast<int>(std::nearbyint(x[b * blk + i] * id));
   }
 }
 
@@ -150,7 +152,7 @@ void check_shape(Isa isa, DType type, int64_t n_out, int64_t n_in, int64_t n_tok
   int failures = 0;
   for (int64_t t = 0; t < n_tok && failures < 5; ++t) {
     const float* xt = x + t * n_in;
-    if (is_quant(type)) quantize_acts_ref(xt, n_in, xq, dx);
+    if (is_quant(type)) quantize_acts_ref(xt, n_in, xq, dx, type == DType::Q4_K ? 256 : 32);
     for (int64_t o = 0; o < n_out && failures < 5; ++o) {
       const float* wr = w.deq.data() + o * n_in;
       double ref = 0, mag = 0;
@@ -440,7 +442,10 @@ TEST(Matmul, DispatchAndErrors) {
 
   for (DType t : kAllTypes) EXPECT_TRUE(matmul_supports(t)) << dtype_name(t);
   EXPECT_FALSE(matmul_supports(DType::Q4_1));
-  EXPECT_FALSE(matmul_supports(DType::Q6_K));
+  for (DType t : {DType::Q6_K, DType::Q5_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS, DType::Q5_0, DType::Q5_1,
+                  DType::IQ4_NL})
+    EXPECT_TRUE(matmul_supports(t)) << dtype_name(t);  // kernels_kquant_matmul_test.cpp
+  EXPECT_FALSE(matmul_supports(DType::Q8_K));
 
   std::vector<uint8_t> W(4096);
   std::vector<float> x(64), y(4);

@@ -180,11 +180,11 @@ TEST(QuantizeRow, BlockLayouts) {
     for (int i = 0; i < 256; ++i) EXPECT_LE(std::fabs(again[i] - o[i]), (hi - lo) / 15) << i;
   }
 
-  // Errors: quantised types need whole blocks (256 for Q4_K); other K-quants are not handled here.
+  // Errors: quantised types need whole blocks (256 for Q4_K); Q4_1 has no codec.
   std::vector<uint8_t> buf(512);
   EXPECT_THROW(quantize_row(v8, DType::Q8_0, 31, buf.data()), std::invalid_argument);
   EXPECT_THROW(dequantize_row(buf.data(), DType::Q4_0, 48, out), std::invalid_argument);
-  EXPECT_THROW(quantize_row(v8, DType::Q6_K, 256, buf.data()), std::invalid_argument);
+  EXPECT_THROW(quantize_row(v8, DType::Q4_1, 256, buf.data()), std::invalid_argument);
   EXPECT_THROW(dequantize_row(buf.data(), DType::Q4_K, 128, out), std::invalid_argument);
 }
 

@@ -34,13 +34,26 @@ namespace {
   return s;
 }
 
-DType parse_type(const std::string& t) {
-  if (t == "f32") return DType::F32;
-  if (t == "f16") return DType::F16;
-  if (t == "bf16") return DType::BF16;
-  if (t == "q8_0") return DType::Q8_0;
-  if (t == "q4_k") return DType::Q4_K;
-  throw std::invalid_argument("unknown weight type '" + t + "' (f32, f16, bf16, q8_0, q4_k)");
+constexpr const char* kTypeList = "f32, f16, bf16, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, q5_0, q5_1, iq4_nl, iq4_xs, q4_k_m, q5_k_m";
+
+// Sets spec.weight_type (and spec.mix for the llama.cpp-style mixes q4_k_m / q5_k_m).
+void parse_type(const std::string& t, gguf::RandomModelSpec& spec) {
+  static const struct {
+    const char* name;
+    DType type;
+    const char* mix;
+  } kTypes[] = {{"f32", DType::F32, ""},       {"f16", DType::F16, ""},         {"bf16", DType::BF16, ""},
+                {"q8_0", DType::Q8_0, ""},     {"q2_k", DType::Q2_K, ""},       {"q3_k", DType::Q3_K, ""},
+                {"q4_k", DType::Q4_K, ""},     {"q5_k", DType::Q5_K, ""},       {"q6_k", DType::Q6_K, ""},
+                {"q5_0", DType::Q5_0, ""},     {"q5_1", DType::Q5_1, ""},       {"iq4_nl", DType::IQ4_NL, ""},
+                {"iq4_xs", DType::IQ4_XS, ""}, {"q4_k_m", DType::Q4_K, "q4_k_m"}, {"q5_k_m", DType::Q5_K, "q5_k_m"}};
+  for (const auto& e : kTypes)
+    if (t == e.name) {
+      spec.weight_type = e.type;
+      spec.mix = e.mix;
+      return;
+    }
+  throw std::invalid_argument("unknown weight type '" + t + "' (" + kTypeList + ")");
 }
 
 }  // namespace
@@ -123,7 +136,11 @@ void add_gen_model(CLI::App& app) {
   cmd->add_option("--ctx", s->n_ctx, "Context length");
   cmd->add_option("--rope-theta", s->rope_theta, "RoPE base");
   cmd->add_flag("--tied", s->tied_embeddings, "Tie output and token embeddings");
-  cmd->add_option("--type", *type, "Weight type: f32, f16, bf16, q8_0, q4_k (Q4_K for all 2-D weights but token_embd/output, which stay Q8_0; dims must be multiples of 256)");
+  cmd->add_option("--type", *type,
+                  std::string("Weight type: ") + kTypeList +
+                      ". Block-quantised types are used for every 2-D weight but token_embd/output, which stay Q8_0; "
+                      "q4_k_m / q5_k_m follow llama.cpp's mixes (Q6_K output, attn_v and ffn_down on some layers). "
+                      "K-quants and iq4_xs need dims that are multiples of 256");
   cmd->add_option("--seed", s->seed, "Seed");
   cmd->add_option("-o,--output", *out, "Output GGUF path")->required();
   cmd->callback([=] {
@@ -144,7 +161,7 @@ void add_gen_model(CLI::App& app) {
       if (cmd->count("--tied")) spec.tied_embeddings = true;
       if (cmd->count("--seed")) spec.seed = s->seed;
     }
-    if (!type->empty()) spec.weight_type = parse_type(*type);
+    if (!type->empty()) parse_type(*type, spec);
     spec.validate();
     {
       // The writer cannot report progress: watch the bytes of its temporary file (OUT.tmp.XXXXXX) grow.
@@ -163,7 +180,7 @@ void add_gen_model(CLI::App& app) {
     }
     std::fprintf(stderr, "[kvpack] wrote %s: random-weight %s, %u layers, embd %u, heads %u/%u, head_dim %u, ff %u, vocab %u, ctx %u, %s\n",
                  out->c_str(), spec.arch.c_str(), spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff,
-                 spec.n_vocab, spec.n_ctx, std::string(dtype_name(spec.weight_type)).c_str());
+                 spec.n_vocab, spec.n_ctx, spec.mix.empty() ? std::string(dtype_name(spec.weight_type)).c_str() : spec.mix.c_str());
   });
 }
 

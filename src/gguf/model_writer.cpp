@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "util/half.h"
+#include "util/quant_codecs.h"
 
 namespace kvpack::gguf {
 
@@ -68,8 +69,9 @@ void encode_row(const float* x, uint64_t n, DType type, uint8_t* out) {
       }
       break;
     case DType::Q8_0: quantize_q8_0(x, n, out); break;
-    case DType::Q4_K: quantize_q4_k(x, static_cast<int64_t>(n), out); break;  // util/dtype.h
-    default: bad_spec("unsupported weight type " + std::string(dtype_name(type)));
+    default:  // Q4_K and the other codecs of util/quant_codecs.h
+      if (!quantize_codec(type, x, static_cast<int64_t>(n), out))
+        bad_spec("unsupported weight type " + std::string(dtype_name(type)));
   }
 }
 
@@ -176,21 +178,37 @@ Vocab make_vocab(const RandomModelSpec& s) {
 
 size_t min_vocab(const std::string& arch) { return 256 + kNumMerges + special_tokens(arch).size(); }
 
-uint32_t llama_file_type(DType t) {  // LLAMA_FTYPE_*
+uint32_t llama_file_type(DType t, const std::string& mix) {  // LLAMA_FTYPE_*
+  if (mix == "q4_k_m") return 15;  // MOSTLY_Q4_K_M
+  if (mix == "q5_k_m") return 17;  // MOSTLY_Q5_K_M
   switch (t) {
-    case DType::F32: return 0;   // ALL_F32
-    case DType::F16: return 1;   // MOSTLY_F16
-    case DType::Q8_0: return 7;  // MOSTLY_Q8_0
-    case DType::Q4_K: return 14; // MOSTLY_Q4_K_S (see embd_type: no Q5_K/Q6_K tensors here)
-    case DType::BF16: return 32; // MOSTLY_BF16
+    case DType::F32: return 0;     // ALL_F32
+    case DType::F16: return 1;     // MOSTLY_F16
+    case DType::Q8_0: return 7;    // MOSTLY_Q8_0
+    case DType::Q5_0: return 8;    // MOSTLY_Q5_0
+    case DType::Q5_1: return 9;    // MOSTLY_Q5_1
+    case DType::Q2_K: return 10;   // MOSTLY_Q2_K
+    case DType::Q3_K: return 11;   // MOSTLY_Q3_K_S (every layer Q3_K)
+    case DType::Q4_K: return 14;   // MOSTLY_Q4_K_S
+    case DType::Q5_K: return 16;   // MOSTLY_Q5_K_S
+    case DType::Q6_K: return 18;   // MOSTLY_Q6_K
+    case DType::IQ4_NL: return 25; // MOSTLY_IQ4_NL
+    case DType::IQ4_XS: return 30; // MOSTLY_IQ4_XS
+    case DType::BF16: return 32;   // MOSTLY_BF16
     default: return 0;
   }
 }
 
-// Type of token_embd.weight / output.weight. For Q4_K files both stay Q8_0, standing in for the Q6_K
-// that llama.cpp's Q4_K_S/Q4_K_M mixes give the output matrix (kvpack has no Q6_K kernel); every other
-// 2-D weight is Q4_K.
-DType embd_type(DType weight_type) { return weight_type == DType::Q4_K ? DType::Q8_0 : weight_type; }
+bool is_block_quant(DType t) {
+  return t != DType::F32 && t != DType::F16 && t != DType::BF16 && traits(t).block_elems > 1;
+}
+
+// Type of token_embd.weight / output.weight without a mix: Q8_0 for the block-quantised types (their
+// files exercise the type's kernels on the layers), else the weight type.
+DType embd_type(DType weight_type) { return is_block_quant(weight_type) ? DType::Q8_0 : weight_type; }
+
+// llama.cpp's use_more_bits(i_layer, n_layers): the layers its _M mixes give more bits.
+bool more_bits_layer(uint32_t i, uint32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 }  // namespace
 
@@ -240,9 +258,12 @@ void RandomModelSpec::validate() const {
   if (head_dim % 2 != 0) bad_spec("head_dim must be even (RoPE rotates pairs)");
   if (n_vocab < min_vocab(arch)) bad_spec("n_vocab must be at least " + std::to_string(min_vocab(arch)));
   if (!(rope_theta > 0) || !(rms_eps > 0)) bad_spec("rope_theta and rms_eps must be positive");
-  if (weight_type != DType::F32 && weight_type != DType::F16 && weight_type != DType::BF16 &&
-      weight_type != DType::Q8_0 && weight_type != DType::Q4_K)
-    bad_spec("weight type must be F32, F16, BF16, Q8_0 or Q4_K");
+  const DType t = weight_type;
+  if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0 && !is_superblock_codec(t) &&
+      !is_block32_codec(t))
+    bad_spec("weight type must be F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL or IQ4_XS");
+  if (!mix.empty() && !((mix == "q4_k_m" && t == DType::Q4_K) || (mix == "q5_k_m" && t == DType::Q5_K)))
+    bad_spec("mix '" + mix + "' needs its base type (q4_k_m: Q4_K, q5_k_m: Q5_K)");
   // Every 2-D weight's row (input) length must be a whole number of blocks.
   const uint32_t blk = traits(weight_type).block_elems;
   if (n_embd % blk || (n_head * head_dim) % blk || n_ff % blk)
@@ -256,8 +277,8 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
   w.set_string("general.architecture", a);
   w.set_string("general.name", "kvpack random weights (" + a + ", seed " + std::to_string(s.seed) +
                                    ") - not a trained model");
-  w.set_u32("general.file_type", llama_file_type(s.weight_type));
-  if (s.weight_type == DType::Q8_0 || s.weight_type == DType::Q4_K)
+  w.set_u32("general.file_type", llama_file_type(s.weight_type, s.mix));
+  if (is_block_quant(s.weight_type))
     w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
   w.set_u32(a + ".context_length", s.n_ctx);
   w.set_u32(a + ".embedding_length", s.n_embd);
@@ -292,7 +313,9 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     const float scale = std::sqrt(3.0f / static_cast<float>(in));
     w.add_tensor_stream(name, {in, out}, type, make_source(s.seed, name, in, type, {false, scale}));
   };
-  const DType wt = s.weight_type, et = embd_type(s.weight_type);
+  const DType wt = s.weight_type;
+  const bool mixed = !s.mix.empty();
+  const DType et = mixed ? wt : embd_type(wt), ot = mixed ? DType::Q6_K : et;
   auto norm = [&](const std::string& name, uint64_t n) {
     w.add_tensor_stream(name, {n}, DType::F32, make_source(s.seed, name, n, DType::F32, {true, 0}));
   };
@@ -303,12 +326,13 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
   weight("token_embd.weight", E, V, et);
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
+    const DType more = mixed && more_bits_layer(l, s.n_layer) ? DType::Q6_K : wt;  // attn_v, ffn_down
     norm(p + "attn_norm.weight", E);
     weight(p + "attn_q.weight", E, q_dim, wt);
     if (a == "qwen2") bias(p + "attn_q.bias", q_dim);
     weight(p + "attn_k.weight", E, kv_dim, wt);
     if (a == "qwen2") bias(p + "attn_k.bias", kv_dim);
-    weight(p + "attn_v.weight", E, kv_dim, wt);
+    weight(p + "attn_v.weight", E, kv_dim, more);
     if (a == "qwen2") bias(p + "attn_v.bias", kv_dim);
     weight(p + "attn_output.weight", q_dim, E, wt);
     if (a == "qwen3") {
@@ -318,10 +342,10 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     norm(p + "ffn_norm.weight", E);
     weight(p + "ffn_gate.weight", E, F, wt);
     weight(p + "ffn_up.weight", E, F, wt);
-    weight(p + "ffn_down.weight", F, E, wt);
+    weight(p + "ffn_down.weight", F, E, more);
   }
   norm("output_norm.weight", E);
-  if (!s.tied_embeddings) weight("output.weight", E, V, et);
+  if (!s.tied_embeddings) weight("output.weight", E, V, ot);
 }
 
 void write_random_model(const RandomModelSpec& spec, const std::string& path) {

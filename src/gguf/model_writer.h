@@ -29,9 +29,16 @@ struct RandomModelSpec {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // true: no output.weight, the output reuses token_embd.weight
-  // 2-D weights: F32, F16, BF16, Q8_0 or Q4_K; norms and biases stay F32. Q4_K (a Q4_K_S-like mix):
-  // token_embd / output stay Q8_0 and n_embd, n_head * head_dim, n_ff must be multiples of 256.
+  // 2-D weights: F32, F16, BF16, Q8_0, the K-quants Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL or IQ4_XS; norms and
+  // biases stay F32. For the quantised types other than Q8_0, token_embd / output stay Q8_0 (so a file
+  // tests its type's kernels on the layers, not on the vocabulary projection); the super-block types need
+  // n_embd, n_head * head_dim, n_ff to be multiples of 256, the 32-block types of 32.
   DType weight_type = DType::F32;
+  // "" (every 2-D weight in weight_type, as above) or one of llama.cpp's mixes, with its per-tensor rule
+  // (llama_tensor_get_type; weight_type must be its base type):
+  //   "q4_k_m" / "q5_k_m": Q4_K / Q5_K, except output.weight and, on the "more bits" layers (first and last
+  //   eighth, every third between), attn_v and ffn_down: Q6_K. token_embd stays the base type.
+  std::string mix;
   uint64_t seed = 0;
 
   // "qwen3-0.6b" (Qwen3-0.6B shape, F16), and tiny test models "tiny-llama", "tiny-qwen2",

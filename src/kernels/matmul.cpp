@@ -35,6 +35,14 @@ int wkind(DType t) {
     case DType::Q8_0: return detail::kQ8_0;
     case DType::Q4_0: return detail::kQ4_0;
     case DType::Q4_K: return detail::kQ4_K;
+    case DType::Q6_K: return detail::kQ6_K;
+    case DType::Q5_K: return detail::kQ5_K;
+    case DType::Q3_K: return detail::kQ3_K;
+    case DType::Q2_K: return detail::kQ2_K;
+    case DType::IQ4_XS: return detail::kIQ4_XS;
+    case DType::Q5_0: return detail::kQ5_0;
+    case DType::Q5_1: return detail::kQ5_1;
+    case DType::IQ4_NL: return detail::kIQ4_NL;
     default: return -1;
   }
 }
@@ -47,7 +55,7 @@ const IsaKernels& isa_kernels(Isa isa) {
   }
 }
 
-// Per-thread scratch for the quantised activations of Q8_0 / Q4_0 / Q4_K matmuls. It grows to the largest
+// Per-thread scratch for the quantised activations of the quantised kinds. It grows to the largest
 // request seen on this thread (n_tokens * ~3 * n_in bytes, e.g. 3 KB per token for n_in = 1024) and is
 // reused, so steady-state calls allocate nothing; it is freed when the thread exits. Only the calling
 // thread writes it; the pool's workers read it while the caller waits inside pool->run().
@@ -87,8 +95,9 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   if (kind < 0) throw std::invalid_argument("matmul: unsupported weight type " + std::string(dtype_name(wtype)));
   if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul: ISA not supported: ") + isa_name(isa));
   if (n_out < 0 || n_in < 0 || n_tokens < 0) throw std::invalid_argument("matmul: negative dimension");
-  const bool quantized = kind == detail::kQ8_0 || kind == detail::kQ4_0 || kind == detail::kQ4_K;
-  const int64_t block = kind == detail::kQ4_K ? detail::kQKBlock : detail::kQBlock;
+  const bool superblock = kind >= detail::kQ4_K && kind <= detail::kIQ4_XS;  // ActLayoutK activations
+  const bool quantized = kind >= detail::kQ8_0;
+  const int64_t block = superblock ? detail::kQKBlock : detail::kQBlock;
   if (quantized && n_in % block != 0)
     throw std::invalid_argument("matmul: n_in " + std::to_string(n_in) + " is not a multiple of " +
                                 std::to_string(block) + " for " + std::string(dtype_name(wtype)));
@@ -99,6 +108,14 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   }
 
   const IsaKernels* K = &isa_kernels(isa);
+  // The AVX-512 kernels of the weight kinds added on 2026-12-02 (the super-block kinds, Q4_K's rewrite
+  // included, and Q5_0 / IQ4_NL) were written on a machine without AVX-512 and have never run: until a
+  // machine with AVX-512 has passed kernels_kquant_matmul_test and the batch-invariance test on them,
+  // AVX-512 CPUs run those kinds with the whole AVX2 kernel set (its rows, activation quantiser and bias
+  // constants belong together). -DKVPACK_AVX512_NEW_WEIGHT_KERNELS=ON turns them on for that check.
+#ifndef KVPACK_AVX512_NEW_WEIGHT_KERNELS
+  if (isa == Isa::Avx512 && kind >= detail::kQ4_K) K = &detail::kernels_avx2();
+#endif
   if (K->rows[kind] == nullptr) K = &detail::kernels_scalar();
 
   detail::RowsArgs base{};
@@ -110,7 +127,19 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   base.y = y;
   base.y_stride = n_out;
 
-  if (quantized) {
+  if (superblock) {
+    // One int8 super-block per 256 activations (shared by all rows and threads).
+    const detail::ActLayoutK L = detail::act_layout_k(n_in);
+    uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
+    const int64_t per_task = 16;
+    run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
+      const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
+      for (int64_t t = task * per_task; t < t1; ++t) K->quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
+    });
+    base.x = act;
+    base.x_stride = L.stride;
+    base.actk = L;
+  } else if (quantized) {
     // Quantise every token's activations once (shared by all rows and threads).
     const detail::ActLayout L = detail::act_layout(n_in);
     uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));

@@ -194,9 +194,38 @@ struct WQ4 {
   }
 };
 
-// Q kinds (Q8_0, Q4_0, Q4_K): kUnrollQ accumulators per output, fixed (batch invariance). Q8_0 / Q4_0:
-// block b goes to accumulator b mod 2, a leftover block to accumulator 0. Q4_K: the mins and the low-nibble
-// sub-blocks to accumulator 0, the high-nibble ones to accumulator 1. Two chains keep the GEMV (one FMA
+// Q5_0: Q4_0's nibbles (at +6) plus bit 4 from the qh word at +2 (bit j -> element j), expanded to bytes by a
+// byte shuffle + bit test: codes 0..31, bias K = 16 (pair sums <= 2 * 31 * 127).
+struct WQ5_0 {
+  static constexpr int kBytes = 22;
+  static constexpr bool kSigned = false;
+  static __m256i load(const uint8_t* p) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 6));
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1),
+                                         _mm256_set1_epi8(0x0f));
+    uint32_t qh;
+    __builtin_memcpy(&qh, p + 2, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                                               2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    return _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+  }
+};
+// IQ4_NL: Q4_0's nibble layout indexing the signed grid (|value| <= 127: the Q8_0 sign trick applies).
+struct WIQ4NL {
+  static constexpr int kBytes = 18;
+  static constexpr bool kSigned = true;
+  static __m256i load(const uint8_t* p) {
+    const __m256i grid = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                          -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_shuffle_epi8(grid, WQ4::load(p));
+  }
+};
+
+// Q kinds (Q8_0, Q4_0; the super-block kinds are in matmul_kquant_avx2.cpp): kUnrollQ accumulators per
+// output, fixed (batch invariance): block b goes to accumulator b mod 2, a leftover block to accumulator 0. Two chains keep the GEMV (one FMA
 // per 18-34 weight bytes and chain otherwise) near DRAM speed; the token tile is then 3 (6 accumulators).
 constexpr int kUnrollQ = 2;
 
@@ -250,84 +279,6 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Q4_K x int8 activations. A super-block's 8 sub-blocks line up with 8 activation blocks; per sub-block
-// j the raw nibbles (0..15, unsigned operand of vpmaddubsw; pair sums <= 2 * 15 * 127, no saturation)
-// give an exact int32 dot, scaled by (d sc_j) d_x; the mins subtract (dmin m_j) * xsum_j once per
-// super-block (8 lanes, one FMA). d sc_j and dmin m_j are exact in f32.
-
-struct WQ4K {};
-template <class Wq>
-constexpr bool kIsQ4K = false;
-template <>
-constexpr bool kIsQ4K<WQ4K> = true;
-
-// d sc_j and dmin m_j (lanes j) of one block. The 12 packed scale bytes unpack word-wise (see
-// matmul_internal.h), two words per lane pair: lanes {0, 2} are u0 & 0x3f.., u1 & 0x3f..; lanes {1, 3}
-// take their low 4 bits from u2 (>> 0 / >> 4) and bits 4-5 from bits 6-7 of u0 / u1, i.e.
-// (u >> 2) & 0x30... Reads blk + 0 .. blk + 19, inside the block.
-inline void q4k_scales(const uint8_t* blk, __m256* scf, __m256* mnf) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0 u2 u1 u2
-  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0 u0 u1 u1
-  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                                   _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  const __m128i bytes = _mm_or_si128(lo, hi);  // sc[0..7], m[0..7]
-  const uint32_t d_dmin = load_u16(blk) | static_cast<uint32_t>(load_u16(blk + 2)) << 16;
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));  // d, dmin
-  *scf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_broadcastss_ps(f));
-  *mnf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))),
-                       _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
-}
-
-// out[t] = dot(row, token t), t < T; one sequential pass over the row, each nibble unpack shared by T tokens.
-template <int T>
-void dot_q4k(const uint8_t* row, int64_t nsb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = kUnrollQ;  // never a function of T
-  static_assert(U == 2, "the sub-block -> accumulator assignment below assumes 2 accumulators");
-  static_assert(U * T + 9 <= 16, "Q4_K micro-tile exceeds 16 ymm");
-  __m256 acc[U][T];
-#pragma GCC unroll 4
-  for (int u = 0; u < U; ++u)
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[u][t] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0f);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = row + sb * kQ4KBytes;
-    __m256 scf, mnf;
-    q4k_scales(blk, &scf, &mnf);
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t)
-      acc[0][t] = _mm256_fnmadd_ps(mnf, _mm256_load_ps(reinterpret_cast<const float*>(acts[t] + L.sum_off) + sb * 8),
-                                   acc[0][t]);
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
-      const __m256i w0 = _mm256_and_si256(q, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-      // d sc_j of the pair's two sub-blocks, broadcast; x (d_x of the block, replicated 8x in ActLayout::d8)
-      // per token. (No per-token copy of the 8 scales: that would need T more registers.)
-      const __m256 ws0 = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * p));
-      const __m256 ws1 = _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * p + 1));
-      const int64_t b0 = sb * 8 + 2 * p;
-#pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const uint8_t* act = acts[t];
-        const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32));
-        const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(act + L.qs_off + b0 * 32 + 32));
-        const __m256 d0 = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off) + b0 * 8);
-        const __m256 d1 = _mm256_load_ps(reinterpret_cast<const float*>(act + L.d_off) + b0 * 8 + 8);
-        const __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), ones);
-        const __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), ones);
-        acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(ws0, d0), acc[0][t]);
-        acc[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(ws1, d1), acc[1][t]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) out[t] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
-}
-
 // One row at a time (sequential weight stream); T tokens share each weight load.
 template <class Wq, int T>
 void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
@@ -335,10 +286,7 @@ void rows_tile_q(const RowsArgs& a, const uint8_t* const* acts, float* y) {
   for (int64_t r = a.r0; r < a.r1; ++r) {
     const uint8_t* row = a.W + r * a.row_bytes;
     float out[T];
-    if constexpr (kIsQ4K<Wq>)
-      dot_q4k<T>(row, a.n_in / kQKBlock, acts, a.act, out);
-    else
-      dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
+    dot_q<Wq, 1, T>(&row, nb, acts, a.act, out);
     for (int t = 0; t < T; ++t) y[t * a.y_stride + r] = out[t];
   }
 }
@@ -404,9 +352,12 @@ void quant_act_avx2(const float* x, int64_t n_in, int bias_k, const ActLayout& L
 
 const IsaKernels& kernels_avx2() {
   static const IsaKernels k = {
-      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>, rows_q<WQ4K>},
+      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>, kRowsKAvx2[0], kRowsKAvx2[1],
+       kRowsKAvx2[2], kRowsKAvx2[3], kRowsKAvx2[4], kRowsKAvx2[5], rows_q<WQ5_0>,
+       nullptr /* Q5_1: scalar (its per-block min term has no place in dot_q yet) */, rows_q<WIQ4NL>},
       quant_act_avx2,
-      {0, 0, 0, 0, 8, 0},
+      {0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 16, 0, 0},
+      quant_act_k_avx2,
   };
   return k;
 }

@@ -275,6 +275,49 @@ struct WQ4 {
   }
 };
 
+// Q5_0: Q4_0's nibbles (at +6) plus bit 4 from the 32-bit qh word at +2 (bit j -> element j): codes 0..31,
+// value = d (code - 16) -> bias K = 16.
+struct WQ5_0 {
+  static constexpr int kBytes = 22;
+  static constexpr int kUnroll = 1;
+  static uint32_t qh(const uint8_t* p) {
+    uint32_t v;
+    __builtin_memcpy(&v, p + 2, 4);
+    return v;
+  }
+  static __m512i pair(const uint8_t* p) {
+    const __m256i ab =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 6))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kBytes + 6)), 1);
+    const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(ab));
+    const long long s4 = 0x0004000400040004LL;
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(v, _mm512_setr_epi64(0, 0, s4, s4, 0, 0, s4, s4)),
+                                         _mm512_set1_epi8(0x0f));
+    const __mmask64 hi = qh(p) | static_cast<uint64_t>(qh(p + kBytes)) << 32;
+    return _mm512_or_si512(nib, _mm512_maskz_mov_epi8(hi, _mm512_set1_epi8(0x10)));
+  }
+  static __m256i one(const uint8_t* p) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 6));
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1),
+                                         _mm256_set1_epi8(0x0f));
+    return _mm256_or_si256(nib, _mm256_maskz_mov_epi8(qh(p), _mm256_set1_epi8(0x10)));
+  }
+};
+
+// IQ4_NL: Q4_0's nibble layout, each nibble an index into the non-uniform grid; the table holds grid + 128
+// (1..241, unsigned for vpdpbusd) -> bias K = 128, as Q8_0.
+struct WIQ4NL {
+  static constexpr int kBytes = 18;
+  static constexpr int kUnroll = 1;
+  static __m128i grid() {
+    return _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, static_cast<char>(129), static_cast<char>(141),
+                         static_cast<char>(153), static_cast<char>(166), static_cast<char>(181), static_cast<char>(197),
+                         static_cast<char>(217), static_cast<char>(241));
+  }
+  static __m512i pair(const uint8_t* p) { return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(grid()), WQ4::pair(p)); }
+  static __m256i one(const uint8_t* p) { return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(grid()), WQ4::one(p)); }
+};
+
 // out[k * T + t] = dot(rows[k], token t) for k < R, t < T.
 template <class Wq, int R, int T>
 void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
@@ -344,134 +387,11 @@ void dot_q(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, c
   store_sums<R * T>(acc, out);
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Q4_K weights. A super-block's 8 sub-blocks of 32 line up with 8 activation blocks; the 32 nibble bytes
-// of sub-blocks 2p and 2p + 1 (low / high nibbles) unpack into one zmm that matches activation blocks
-// 8 sb + 2p, 8 sb + 2p + 1, exactly as a Q8_0/Q4_0 block pair. vpdpbusd takes the raw nibbles (0..15)
-// as the unsigned operand with a zero accumulator (no offset to correct: the mins are handled apart),
-// each 8-lane half is scaled by (d sc_j) d_x, and the mins subtract (dmin m_j) * xsum_j for all 8
-// sub-blocks with one FNMA per super-block. d sc_j and dmin m_j are exact in f32; the int32 lanes
-// are < 2^24, so, as for Q8_0, only the float multiplies and the accumulation round.
-
-// kUnroll: accumulators per output; the mins go to the last one, sub-block pair p to p mod kUnroll. One
-// chain would serialise 5 FMAs per 144-byte super-block (~27 GB/s per core at 3.7 GHz, within 1.3x of the
-// ~21 GB/s DRAM stream): 2 chains, and a 2 x 4 cached tile (64-token prefill measured on par with 4 x 4).
-struct WQ4K {
-  static constexpr int kUnroll = 2;
-};
-template <class Wq>
-constexpr bool kIsQ4K = false;
-template <>
-constexpr bool kIsQ4K<WQ4K> = true;
-
-// The 12 packed scale bytes -> bytes sc[0..7], m[0..7] (word-wise unpacking of matmul_internal.h, two
-// words per lane pair: lanes {0, 2} are u0 & 0x3f.., u1 & 0x3f..; lanes {1, 3} take their low 4 bits
-// from u2 (>> 0 / >> 4) and bits 4-5 from bits 6-7 of u0 / u1, i.e. (u >> 2) & 0x30..). Reads
-// blk + 4 .. blk + 19, inside the block.
-inline __m128i q4k_scale_bytes(const uint8_t* blk) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0 u2 u1 u2
-  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0 u0 u1 u1
-  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                                   _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  return _mm_or_si128(lo, hi);
-}
-
-// Lanes 0..7: d sc_j; lanes 8..15: dmin m_j (both exact in f32).
-inline __m512 q4k_scales(const uint8_t* blk) {
-  const uint32_t d_dmin = load_u16(blk) | static_cast<uint32_t>(load_u16(blk + 2)) << 16;
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));  // d, dmin
-  const __m512 mult = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                            _mm512_castps128_ps512(f));  // d x 8, dmin x 8
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scale_bytes(blk))), mult);
-}
-
-// out[k * T + t] = dot(rows[k], token t) for k < R, t < T; nb = number of 32-element blocks.
-template <int R, int T>
-void dot_q4k(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L, float* out) {
-  constexpr int U = WQ4K::kUnroll;  // never a function of R, T: see "Batch invariance" at the top
-  static_assert(R == 1 ? U * T + T + 5 <= 32 : U * R * T + 3 * R + 4 <= 32, "Q4_K micro-tile exceeds 32 zmm");
-  __m512 acc[U][R * T];
-#pragma GCC unroll 8
-  for (int u = 0; u < U; ++u)
-#pragma GCC unroll 8
-    for (int j = 0; j < R * T; ++j) acc[u][j] = _mm512_setzero_ps();
-  const __m512i lo4 = _mm512_set1_epi8(0x0f);
-  const int64_t nsb = nb / 8;
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    __m512 S[R];
-#pragma GCC unroll 8
-    for (int k = 0; k < R; ++k) S[k] = q4k_scales(rows[k] + sb * kQ4KBytes);
-    // Mins: lanes 8..15 of S (dmin m_j) x xsum_j, loaded into lanes 8..15 by a masked load (lanes 0..7
-    // zero and not read; the base stays inside the activation buffer as sum_off >= 64).
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      const __m512 xs = _mm512_maskz_loadu_ps(
-          static_cast<__mmask16>(0xff00), reinterpret_cast<const float*>(acts[t] + L.sum_off - 32) + sb * 8);
-#pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) acc[U - 1][k * T + t] = _mm512_fnmadd_ps(S[k], xs, acc[U - 1][k * T + t]);
-    }
-    // Per-(row, token) sub-block multipliers (d sc_j) d_x,j. One row (the streaming tile, up to 8 tokens):
-    // all 8 at once from the compact activation scales, then one permute per pair and token; 4 rows x 4
-    // tokens (too many registers for that): per pair, a permute per row and a multiply per row and token.
-    // Both give the same f32 product, so the tiles agree bit for bit.
-    __m512 C[R == 1 ? T : 1];
-    if constexpr (R == 1) {
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t)
-        C[t] = _mm512_mul_ps(S[0], _mm512_zextps256_ps512(_mm256_load_ps(
-                                       reinterpret_cast<const float*>(acts[t] + L.dc_off) + sb * 8)));
-    }
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const int e = 2 * p, o = 2 * p + 1;
-      const __m512i idx = _mm512_setr_epi32(e, e, e, e, e, e, e, e, o, o, o, o, o, o, o, o);
-      __m512i w[R];
-      __m512 ws[R];
-#pragma GCC unroll 8
-      for (int k = 0; k < R; ++k) {
-        // 32 nibble bytes in both halves; the upper half shifted right by 4 (masked shift), then & 0x0f.
-        const __m512i q = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + sb * kQ4KBytes + 16 + 32 * p)));
-        w[k] = _mm512_and_si512(_mm512_mask_srli_epi16(q, static_cast<__mmask32>(0xffff0000u), q, 4), lo4);
-        if constexpr (R > 1) ws[k] = _mm512_permutexvar_ps(idx, S[k]);
-      }
-      const int64_t b0 = sb * 8 + 2 * p;
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        const uint8_t* act = acts[t];
-        const __m512i xq = _mm512_load_si512(act + L.qs_off + b0 * 32);
-        if constexpr (R == 1) {
-          const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], xq);
-          acc[p % U][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx, C[t]), acc[p % U][t]);
-        } else {
-          const __m512 dx = _mm512_load_ps(act + L.d_off + b0 * 32);
-#pragma GCC unroll 8
-          for (int k = 0; k < R; ++k) {
-            const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[k], xq);
-            acc[p % U][k * T + t] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws[k], dx), acc[p % U][k * T + t]);
-          }
-        }
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int u = 1; u < U; ++u)
-#pragma GCC unroll 8
-    for (int j = 0; j < R * T; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], acc[u][j]);
-  store_sums<R * T>(acc[0], out);
-}
-
-// Q8_0 / Q4_0 (dot_q) or Q4_K (dot_q4k) micro-tile.
+// Q8_0 / Q4_0 micro-tile (the super-block kinds are in matmul_kquant_avx512.cpp).
 template <class Wq, int R, int T>
 inline void dot_any(const uint8_t* const* rows, int64_t nb, const uint8_t* const* acts, const ActLayout& L,
                     float* out) {
-  if constexpr (kIsQ4K<Wq>)
-    dot_q4k<R, T>(rows, nb, acts, L, out);
-  else
-    dot_q<Wq, R, T>(rows, nb, acts, L, out);
+  dot_q<Wq, R, T>(rows, nb, acts, L, out);
 }
 
 // Rows [r0, r1) x the T token activations, one row at a time (sequential weight stream; with up to 8
@@ -571,9 +491,12 @@ void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout&
 
 const IsaKernels& kernels_avx512() {
   static const IsaKernels k = {
-      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>, rows_q<WQ4K>},
+      {rows_f<LdF32>, rows_f<LdF16>, rows_f<LdBF16>, rows_q<WQ8>, rows_q<WQ4>, kRowsKAvx512[0], kRowsKAvx512[1],
+       kRowsKAvx512[2], kRowsKAvx512[3], kRowsKAvx512[4], kRowsKAvx512[5], rows_q<WQ5_0>,
+       nullptr /* Q5_1: scalar (its per-block min term has no place in dot_q yet) */, rows_q<WIQ4NL>},
       quant_act_avx512,
-      {0, 0, 0, 128, 8, 0},
+      {0, 0, 0, 128, 8, 0, 0, 0, 0, 0, 0, 16, 0, 128},
+      quant_act_k_avx512,
   };
   return k;
 }

@@ -128,59 +128,15 @@ void rows_q4_0(const RowsArgs& a) {
   });
 }
 
-// Q4_K: per sub-block j of a super-block, (d sc_j d_x) * dot(nibbles, x_q) - (dmin m_j) * xsum_j. The
-// integer dot is exact; d * sc_j and dmin * m_j are exact in f32 (11-bit x 6-bit significands).
-void rows_q4_k(const RowsArgs& a) {
-  const int64_t nsb = a.n_in / kQKBlock;
-  for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const auto* act = static_cast<const uint8_t*>(a.x) + t * a.x_stride;
-    const auto* qs = reinterpret_cast<const int8_t*>(act + a.act.qs_off);
-    const auto* d8 = reinterpret_cast<const float*>(act + a.act.d_off);
-    const auto* xsum = reinterpret_cast<const float*>(act + a.act.sum_off);
-    for (int64_t r = a.r0; r < a.r1; ++r) {
-      const uint8_t* row = a.W + r * a.row_bytes;
-      float acc = 0.0f, acc_min = 0.0f;
-      for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* blk = row + sb * kQ4KBytes;
-        uint16_t dh, mh;
-        std::memcpy(&dh, blk, 2);
-        std::memcpy(&mh, blk + 2, 2);
-        const float d = fp16_to_f32(dh), dmin = fp16_to_f32(mh);
-        const uint8_t* s = blk + 4;
-        uint8_t sc[8], m[8];
-        for (int j = 0; j < 4; ++j) {  // see matmul_internal.h / util/dtype.h for the packing
-          sc[j] = s[j] & 63;
-          m[j] = s[j + 4] & 63;
-          sc[j + 4] = static_cast<uint8_t>((s[j + 8] & 15) | (s[j] >> 6) << 4);
-          m[j + 4] = static_cast<uint8_t>((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
-        }
-        const uint8_t* q = blk + 16;
-        for (int p = 0; p < 4; ++p) {
-          const int64_t b0 = sb * 8 + 2 * p;  // activation blocks b0 (low nibbles), b0 + 1 (high nibbles)
-          const int8_t* x0 = qs + b0 * kQBlock;
-          const int8_t* x1 = x0 + kQBlock;
-          int32_t s0 = 0, s1 = 0;
-          for (int i = 0; i < 32; ++i) {
-            s0 += (q[32 * p + i] & 15) * x0[i];
-            s1 += (q[32 * p + i] >> 4) * x1[i];
-          }
-          acc += (d * static_cast<float>(sc[2 * p]) * d8[b0 * 8]) * static_cast<float>(s0);
-          acc += (d * static_cast<float>(sc[2 * p + 1]) * d8[(b0 + 1) * 8]) * static_cast<float>(s1);
-        }
-        for (int j = 0; j < 8; ++j) acc_min += (dmin * static_cast<float>(m[j])) * xsum[sb * 8 + j];
-      }
-      a.y[t * a.y_stride + r] = acc - acc_min;
-    }
-  }
-}
-
 }  // namespace
 
 const IsaKernels& kernels_scalar() {
   static const IsaKernels k = {
-      {rows_f32, rows_f16, rows_bf16, rows_q8_0, rows_q4_0, rows_q4_k},
+      {rows_f32, rows_f16, rows_bf16, rows_q8_0, rows_q4_0, kRowsKScalar[0], kRowsKScalar[1], kRowsKScalar[2],
+       kRowsKScalar[3], kRowsKScalar[4], kRowsKScalar[5], kRowsB32Scalar[0], kRowsB32Scalar[1], kRowsB32Scalar[2]},
       quant_act_scalar,
-      {0, 0, 0, 0, 0, 0},
+      {},
+      quant_act_k_scalar,
   };
   return k;
 }

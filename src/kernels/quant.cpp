@@ -9,6 +9,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "util/half.h"
+#include "util/quant_codecs.h"
 
 namespace kvpack::kernels {
 namespace {
@@ -63,6 +64,11 @@ void dequantize_row(const void* row, DType type, int64_t n, float* out) {
       dequantize_q4_k(row, n, out);
       return;
     default:
+      if (is_superblock_codec(type) || is_block32_codec(type)) {  // util/quant_codecs.h
+        check_blocks(type, n, traits(type).block_elems);
+        dequantize_codec(type, row, n, out);
+        return;
+      }
       throw std::invalid_argument("dequantize_row: unsupported type " + std::string(dtype_name(type)));
   }
 }
@@ -133,6 +139,11 @@ void quantize_row(const float* x, DType type, int64_t n, void* out) {
       quantize_q4_k(x, n, out);
       return;
     default:
+      if (is_superblock_codec(type) || is_block32_codec(type)) {  // util/quant_codecs.h
+        check_blocks(type, n, traits(type).block_elems);
+        quantize_codec(type, x, n, out);
+        return;
+      }
       throw std::invalid_argument("quantize_row: unsupported type " + std::string(dtype_name(type)));
   }
 }

@@ -13,15 +13,16 @@ struct Entry {
   DTypeTraits t;
 };
 // Sizes as defined by ggml (block layouts: Q8_0 = f16 scale + 32 int8; Q4_0 = f16 scale + 16 bytes;
-// K-quants use 256-element super-blocks).
-constexpr std::array<Entry, 20> kTypes = {{
+// K-quants and IQ4_XS use 256-element super-blocks).
+constexpr std::array<Entry, 22> kTypes = {{
     {0, {"F32", 1, 4}},      {1, {"F16", 1, 2}},      {2, {"Q4_0", 32, 18}},
     {3, {"Q4_1", 32, 20}},   {6, {"Q5_0", 32, 22}},   {7, {"Q5_1", 32, 24}},
     {8, {"Q8_0", 32, 34}},   {9, {"Q8_1", 32, 36}},   {10, {"Q2_K", 256, 84}},
     {11, {"Q3_K", 256, 110}}, {12, {"Q4_K", 256, 144}}, {13, {"Q5_K", 256, 176}},
     {14, {"Q6_K", 256, 210}}, {15, {"Q8_K", 256, 292}}, {24, {"I8", 1, 1}},
     {25, {"I16", 1, 2}},     {26, {"I32", 1, 4}},     {27, {"I64", 1, 8}},
-    {28, {"F64", 1, 8}},     {30, {"BF16", 1, 2}},
+    {28, {"F64", 1, 8}},     {30, {"BF16", 1, 2}},    {20, {"IQ4_NL", 32, 18}},
+    {23, {"IQ4_XS", 256, 136}},
 }};
 }  // namespace
 
@@ -55,8 +56,6 @@ void q4_k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t* s) {
   }
 }
 
-namespace {
-
 // round(v) clamped to [lo, hi]; NaN -> lo.
 int round_clamp(float v, int lo, int hi) {
   if (!(v > static_cast<float>(lo))) return lo;
@@ -64,11 +63,10 @@ int round_clamp(float v, int lo, int hi) {
   return static_cast<int>(std::lround(v));
 }
 
-// Fits x[i] ~= scale * L[i] - min (L in 0..15, min >= 0) for one 32-element sub-block, minimising
+// Fits x[i] ~= scale * L[i] - min (L in 0..nmax, min >= 0) for one sub-block of n elements, minimising
 // sum w[i] (scale L[i] - min - x[i])^2 over a sweep of candidate steps (each followed by a weighted
 // least-squares refit of scale and offset). Returns scale; *min_out = min.
-float fit_sub_block(const float* x, const float* w, float* min_out) {
-  constexpr int n = 32, nmax = 15;
+float fit_scale_min(const float* x, const float* w, int n, int nmax, float* min_out) {
   float lo = x[0], hi = x[0], sum_w = 0, sum_x = 0;
   for (int i = 0; i < n; ++i) {
     lo = std::fmin(lo, x[i]);
@@ -90,7 +88,7 @@ float fit_sub_block(const float* x, const float* w, float* min_out) {
     }
     return e;
   };
-  float best_scale = (hi - lo) / nmax, best_off = lo;
+  float best_scale = (hi - lo) / static_cast<float>(nmax), best_off = lo;
   float best_err = err_of(best_scale, best_off);
   for (int step = 0; step <= 20; ++step) {
     const float iscale = (static_cast<float>(nmax) - 1.0f + 0.1f * static_cast<float>(step)) / (hi - lo);
@@ -121,6 +119,8 @@ float fit_sub_block(const float* x, const float* w, float* min_out) {
   return best_scale;
 }
 
+namespace {
+float fit_sub_block(const float* x, const float* w, float* min_out) { return fit_scale_min(x, w, 32, 15, min_out); }
 }  // namespace
 
 void quantize_q4_k(const float* x, int64_t n, void* out) {

@@ -22,6 +22,8 @@ enum class DType : uint32_t {
   Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
   I8 = 24,
   I16 = 25,
   I32 = 26,
@@ -76,5 +78,12 @@ void quantize_q4_k(const float* x, int64_t n, void* out);
 // Decodes n / 256 blocks: out = (d * sc) * q - (dmin * m), each product exact in f32, one rounding for
 // the difference (as ggml's dequantize_row_q4_K).
 void dequantize_q4_k(const void* in, int64_t n, float* out);
+
+// Helpers of the reference quantisers (also used by util/quant_codecs.cpp).
+// round(v) clamped to [lo, hi]; NaN -> lo.
+int round_clamp(float v, int lo, int hi);
+// Weighted least-squares fit of x[i] ~= scale * L[i] - min (L in 0..nmax, min >= 0) over n elements (the
+// Q4_K sub-block search above, for any width and code range). Returns scale; *min_out = min.
+float fit_scale_min(const float* x, const float* w, int n, int nmax, float* min_out);
 
 }  // namespace kvpack
