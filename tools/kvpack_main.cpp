@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   kvpack::cli::add_serve(app);
   kvpack::cli::add_eval(app);
   kvpack::cli::add_bench(app);
+  kvpack::cli::add_analyze_prefix(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
