@@ -70,29 +70,29 @@ void print_truth_comparison(const an::GroundTruth& g, const an::Report& est, boo
     for (size_t i = 0; i < g.rows.size(); ++i) {
       const auto& t = g.rows[i];
       const auto& e = est.causes[i];
-      rows.push_back({{"cause", an::cause_name(t.cause)}, {"planted", t.planted}, {"true_points_lost", t.points_lost()},
-                      {"true_tokens_lost", t.tokens_lost}, {"estimated_points_lost", e.points_lost()},
-                      {"estimated_tokens_lost", e.tokens_lost}, {"requests_affected", e.requests_affected}});
+      rows.push_back({{"cause", an::cause_name(t.cause)}, {"planted", t.planted}, {"true_tokens_lost", t.tokens_lost},
+                      {"true_points_lost", t.points_lost()}, {"estimated_tokens_lost", e.tokens_lost},
+                      {"estimated_points_lost", e.points_lost()}, {"requests_affected", e.requests_affected}});
     }
     j["ground_truth"]["causes"] = std::move(rows);
     j["analyzer"] = an::report_json(est);
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("Ground truth (the same traffic generated again without each cause, same cache simulation, no normaliser):\n");
-  std::printf("hit rate as planted %.1f %% (analyzer's simulation %.1f %%), with nothing planted %.1f %% (analyzer, every cause fixed: %.1f %%)\n\n",
-              100 * g.hit_rate, 100 * est.hit_rate, 100 * g.hit_rate_clean, 100 * est.hit_rate_fixed);
-  std::printf("| cause      | planted | requests flagged | true points lost | estimated | error (points) | relative error | true tokens lost | estimated tokens |\n");
-  std::printf("|------------|---------|-----------------:|-----------------:|----------:|---------------:|---------------:|-----------------:|-----------------:|\n");
+  std::printf("Ground truth: the same traffic generated again without each cause (in the analyzer's order), the same cache\n"
+              "simulation, no normaliser. Hit rate as planted %.1f %% (analyzer: %.1f %%), with nothing planted %.1f %%.\n\n",
+              100 * g.hit_rate, 100 * est.hit_rate, 100 * g.hit_rate_clean);
+  std::printf("| cause      | planted | requests flagged | true tokens lost | estimated | true points lost | estimated | error (points) | relative error |\n");
+  std::printf("|------------|---------|-----------------:|-----------------:|----------:|-----------------:|----------:|---------------:|---------------:|\n");
   for (size_t i = 0; i < g.rows.size(); ++i) {
     const auto& t = g.rows[i];
     const auto& e = est.causes[i];
     const double err = e.points_lost() - t.points_lost();
     char rel[32] = "-";
-    if (std::fabs(t.points_lost()) > 1e-9) std::snprintf(rel, sizeof rel, "%.1f %%", 100.0 * err / t.points_lost());
-    std::printf("| %-10s | %-7s | %16lld | %16.2f | %9.2f | %+14.2f | %14s | %16lld | %16lld |\n", an::cause_name(t.cause),
-                t.planted ? "yes" : "no", static_cast<long long>(e.requests_affected), t.points_lost(), e.points_lost(), err, rel,
-                static_cast<long long>(t.tokens_lost), static_cast<long long>(e.tokens_lost));
+    if (std::fabs(t.points_lost()) > 1e-9) std::snprintf(rel, sizeof rel, "%+.1f %%", 100.0 * err / t.points_lost());
+    std::printf("| %-10s | %-7s | %16lld | %16lld | %9lld | %16.2f | %9.2f | %+14.2f | %14s |\n", an::cause_name(t.cause),
+                t.planted ? "yes" : "no", static_cast<long long>(e.requests_affected), static_cast<long long>(t.tokens_lost),
+                static_cast<long long>(e.tokens_lost), t.points_lost(), e.points_lost(), err, rel);
   }
 }
 

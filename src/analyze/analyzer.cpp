@@ -7,7 +7,7 @@ namespace {
 
 constexpr size_t kContextBytes = 40;  // shown before a difference
 constexpr size_t kSpanBytes = 80;     // at most, per side
-constexpr size_t kResyncBytes = 8;    // the two texts agree again when this many bytes match
+constexpr size_t kResyncBytes = 12;   // the two texts agree again when this many bytes match
 
 bool continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
@@ -127,22 +127,21 @@ Report analyze_prefix_reuse(const Log& log, PromptRenderer& renderer, const Anal
     const Detection det = detect(c, log);  // what the log shows, before any fix
     row.requests_affected = static_cast<int64_t>(det.affected.size());
     if (det.example) {
-      const LoggedRequest& x = log[det.example->first];
-      const LoggedRequest& y = log[det.example->second];
-      row.example = CauseReport::ExampleText{
-          x.id, y.id, det.example->where,
-          first_difference(render_prompt_text(x, renderer.format()), render_prompt_text(y, renderer.format()))};
+      const Example& e = *det.example;
+      row.example = CauseReport::ExampleText{log[e.first].id, log[e.second].id, e.where, e.note,
+                                             first_difference(e.first_text, e.second_text)};
     }
     fixed = normalise(c, std::move(fixed));
     const SimResult after = simulate_log(fixed, renderer, opt.sim);
-    row.hit_rate_before = before.hit_rate();
+    row.log_prompt_tokens = actual.prompt_tokens;
     row.hit_rate_after = after.hit_rate();
     row.tokens_lost = before.computed_tokens() - after.computed_tokens();
-    row.alone_hit_rate = simulate_log(normalise(c, log), renderer, opt.sim).hit_rate();
+    row.alone_tokens_lost = actual.computed_tokens() - simulate_log(normalise(c, log), renderer, opt.sim).computed_tokens();
     rep.causes.push_back(std::move(row));
     before = after;
   }
   rep.hit_rate_fixed = before.hit_rate();
+  rep.computed_tokens_fixed = before.computed_tokens();
   return rep;
 }
 
@@ -157,17 +156,20 @@ std::string format_report_text(const Report& r) {
                 r.chat_format.c_str(), r.sim.page_size,
                 r.sim.capacity_tokens > 0 ? (std::to_string(r.sim.capacity_tokens) + " tokens (LRU)").c_str() : "unbounded");
   s += buf;
-  s += "Simulated prefix-cache hit rate: " + pct(r.hit_rate);
+  s += "Simulated prefix-cache hit rate: " + pct(r.hit_rate) + " (" + std::to_string(r.computed_tokens) + " prompt tokens computed)";
   if (r.logged_requests > 0 && r.logged_prompt_tokens > 0) {
     std::snprintf(buf, sizeof buf, " (the server reported %s on the %lld requests whose line has prompt_tokens and cached_tokens)",
                   pct(static_cast<double>(r.logged_cached_tokens) / static_cast<double>(r.logged_prompt_tokens)).c_str(),
                   static_cast<long long>(r.logged_requests));
     s += buf;
   }
-  s += "\nWith every cause below fixed: " + pct(r.hit_rate_fixed) + " (" + fixed1(100.0 * (r.hit_rate_fixed - r.hit_rate)) +
-       " points)\n\n";
-  s += "Lost hit rate per cause. Causes are fixed one after another in the order of the table, so each row is what\n"
-       "fixing that cause adds once the rows above it are fixed (the rows add up); \"alone\" fixes only that cause.\n\n";
+  const int64_t saved = r.computed_tokens - r.computed_tokens_fixed;
+  s += "\nFixing every cause below saves " + std::to_string(saved) + " of them: " +
+       fixed1(r.prompt_tokens > 0 ? 100.0 * static_cast<double>(saved) / static_cast<double>(r.prompt_tokens) : 0) +
+       " hit-rate points (the rewritten log's own hit rate: " + pct(r.hit_rate_fixed) + ")\n\n";
+  s += "Lost hit rate per cause: tokens lost = prompt tokens computed because of the cause, points = those tokens\n"
+       "over this log's prompt tokens. Causes are fixed one after another in the order of the table, so each row is\n"
+       "what fixing that cause saves once the rows above it are fixed (the rows add up); \"alone\" fixes only that cause.\n\n";
   const std::vector<std::string> head = {"cause", "requests affected", "tokens lost", "hit-rate points lost", "alone"};
   const std::vector<size_t> w = {12, 17, 11, 20, 6};
   auto row = [&](const std::vector<std::string>& cells) {
@@ -182,7 +184,7 @@ std::string format_report_text(const Report& r) {
   s += rule + "\n";
   for (const auto& c : r.causes) {
     s += row({cause_name(c.cause), std::to_string(c.requests_affected), std::to_string(c.tokens_lost), fixed1(c.points_lost()),
-              fixed1(100.0 * (c.alone_hit_rate - r.hit_rate))});
+              fixed1(c.alone_points_lost())});
   }
   s += "\n";
   for (const auto& c : r.causes) {
@@ -190,8 +192,8 @@ std::string format_report_text(const Report& r) {
     s += "  fix: " + std::string(cause_fix(c.cause)) + "\n";
     if (c.example) {
       const auto& e = *c.example;
-      s += "  example: " + e.first_id + " then " + e.second_id + ", " + e.where + "; the rendered prompts first differ at byte " +
-           std::to_string(e.diff.offset) + ", after \"" + escaped(e.diff.context) + "\"\n";
+      s += "  example: " + e.first_id + " then " + e.second_id + (e.note.empty() ? "" : ": " + e.note) + "\n";
+      s += "    " + e.where + " first differs at byte " + std::to_string(e.diff.offset) + ", after \"" + escaped(e.diff.context) + "\"\n";
       s += "    " + e.first_id + ": \"" + escaped(e.diff.a) + "\"\n";
       s += "    " + e.second_id + ": \"" + escaped(e.diff.b) + "\"\n";
     } else if (c.requests_affected == 0) {
@@ -211,11 +213,13 @@ ordered_json report_json(const Report& r) {
   j["page_size"] = r.sim.page_size;
   j["cache_capacity_tokens"] = r.sim.capacity_tokens;
   j["hit_rate"] = r.hit_rate;
-  j["hit_rate_all_fixed"] = r.hit_rate_fixed;
+  j["computed_tokens_all_fixed"] = r.computed_tokens_fixed;
+  j["hit_rate_of_rewritten_log_all_fixed"] = r.hit_rate_fixed;
   if (r.logged_requests > 0) {
     j["logged"] = {{"requests", r.logged_requests}, {"prompt_tokens", r.logged_prompt_tokens}, {"cached_tokens", r.logged_cached_tokens}};
   }
-  j["attribution"] = "sequential: each cause is fixed on top of the ones before it, in the order listed";
+  j["attribution"] = "sequential: each cause is fixed on top of the ones before it, in the order listed; "
+                     "points = tokens lost / prompt_tokens";
   ordered_json causes = ordered_json::array();
   for (const auto& c : r.causes) {
     ordered_json x;
@@ -224,13 +228,13 @@ ordered_json report_json(const Report& r) {
     x["requests_affected"] = c.requests_affected;
     x["tokens_lost"] = c.tokens_lost;
     x["hit_rate_points_lost"] = c.points_lost();
-    x["hit_rate_before"] = c.hit_rate_before;
-    x["hit_rate_after"] = c.hit_rate_after;
-    x["alone_hit_rate_points"] = 100.0 * (c.alone_hit_rate - r.hit_rate);
+    x["alone_tokens_lost"] = c.alone_tokens_lost;
+    x["alone_hit_rate_points_lost"] = c.alone_points_lost();
+    x["hit_rate_of_rewritten_log"] = c.hit_rate_after;
     x["fix"] = cause_fix(c.cause);
     if (c.example) {
       const auto& e = *c.example;
-      x["example"] = {{"first", e.first_id}, {"second", e.second_id}, {"where", e.where}, {"offset", e.diff.offset},
+      x["example"] = {{"first", e.first_id}, {"second", e.second_id}, {"where", e.where}, {"note", e.note}, {"offset", e.diff.offset},
                       {"context", e.diff.context}, {"first_text", e.diff.a}, {"second_text", e.diff.b}};
     }
     causes.push_back(std::move(x));

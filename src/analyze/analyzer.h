@@ -1,10 +1,16 @@
 // `kvpack analyze-prefix`: prices every cause of lost prefix reuse in a request log. The log's prompts
 // are rendered as the server renders them and run through a simulated prefix cache (prefix_sim.h):
 // that is the actual hit rate. Then the causes are fixed one after another in kAttributionOrder (each
-// normaliser applied on top of the previous ones) and the simulation runs again after each: a cause's
-// lost hit rate is the hit rate with it fixed minus the hit rate just before, so the rows add up to the
-// whole gap between the actual and the all-fixed hit rate. "Alone" fixes only that cause (the rows of
-// a log with several causes do not add up then: a break early in the prompt hides later ones).
+// normaliser applied on top of the previous ones) and the simulation runs again after each. A cause's
+// tokens lost are the prefill tokens that fixing it saves (computed before minus computed after), and
+// its hit-rate points lost are those tokens over the log's prompt tokens: the hit rate the log would
+// have had if they had been cache hits. The rows add up to the saving of fixing everything.
+// Why tokens over the log's own prompt tokens rather than the difference of two hit rates: a fix
+// changes prompt lengths (a masked timestamp, re-anchored history), and the hit rate of the rewritten
+// log counts those changed tokens too; on generated traffic that difference was 10 % off the ground
+// truth for volatile spans, the token count 2 % (docs/observability.md).
+// "Alone" fixes only that cause (with several causes the alone figures do not add up: a break early in
+// the prompt hides later ones).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -28,13 +34,18 @@ DiffSpan first_difference(const std::string& a, const std::string& b);
 struct CauseReport {
   Cause cause{};
   int64_t requests_affected = 0;
-  int64_t tokens_lost = 0;    // prompt tokens computed because of the cause (with the earlier causes fixed)
-  double hit_rate_before = 0, hit_rate_after = 0;  // cumulative: before and after fixing this cause
-  double alone_hit_rate = 0;  // the actual log with only this cause fixed
-  double points_lost() const { return 100.0 * (hit_rate_after - hit_rate_before); }
+  int64_t tokens_lost = 0;         // prefill tokens computed because of the cause (the earlier causes fixed)
+  int64_t alone_tokens_lost = 0;   // the same with only this cause fixed
+  int64_t log_prompt_tokens = 0;   // of the log as it is: the denominator of the points
+  double hit_rate_after = 0;       // the simulated hit rate of the log rewritten with this and the earlier fixes
+  double points_lost() const { return points(tokens_lost); }
+  double alone_points_lost() const { return points(alone_tokens_lost); }
+  double points(int64_t tokens) const {
+    return log_prompt_tokens > 0 ? 100.0 * static_cast<double>(tokens) / static_cast<double>(log_prompt_tokens) : 0;
+  }
   struct ExampleText {
-    std::string first_id, second_id, where;
-    DiffSpan diff;
+    std::string first_id, second_id, where, note;
+    DiffSpan diff;  // of the part named by `where`
   };
   std::optional<ExampleText> example;
 };
@@ -44,7 +55,8 @@ struct Report {
   std::string chat_format;
   SimOptions sim;
   double hit_rate = 0;        // simulated on the log as it is
-  double hit_rate_fixed = 0;  // every cause fixed
+  double hit_rate_fixed = 0;  // the simulated hit rate of the log rewritten with every fix
+  int64_t computed_tokens_fixed = 0;
   int64_t logged_requests = 0, logged_prompt_tokens = 0, logged_cached_tokens = 0;  // server-reported, where present
   std::vector<CauseReport> causes;  // in attribution order
 };

@@ -65,6 +65,7 @@ class Recurrence {
 struct Plan {
   std::string reordered;           // shared paragraphs first
   std::vector<uint64_t> moved;     // the shared paragraphs that came after unique text
+  size_t moved_chars = 0;
 };
 
 std::optional<Plan> plan(std::string_view content, const Recurrence& rec) {
@@ -84,6 +85,7 @@ std::optional<Plan> plan(std::string_view content, const Recurrence& rec) {
     }
   }
   if (shared_after_unique < kMinDocumentChars) return std::nullopt;
+  p.moved_chars = shared_after_unique;
   for (auto* part : {&shared, &unique})
     for (std::string_view x : *part) p.reordered += std::string(p.reordered.empty() ? "" : "\n\n") + std::string(x);
   return p;
@@ -94,7 +96,8 @@ std::optional<Plan> plan(std::string_view content, const Recurrence& rec) {
 Detection detect_document_order(const Log& log) {
   const Recurrence rec(log);
   Detection d;
-  std::unordered_map<uint64_t, size_t> first_after_question;  // moved paragraph -> first request with it
+  // moved paragraph -> the first (request, message) that has it after unique text
+  std::unordered_map<uint64_t, std::pair<size_t, size_t>> first_after_question;
   for (size_t i = 0; i < log.size(); ++i) {
     bool flagged = false;
     for (size_t m = 0; m < log[i].messages.size(); ++m) {
@@ -105,9 +108,13 @@ Detection detect_document_order(const Log& log) {
       if (!flagged) d.affected.push_back(i);
       flagged = true;
       for (uint64_t h : p->moved) {
-        auto [it, fresh] = first_after_question.try_emplace(h, i);
-        if (!fresh && it->second != i && !d.example)
-          d.example = Example{it->second, i, "messages[" + std::to_string(m) + "] (user)"};
+        auto [it, fresh] = first_after_question.try_emplace(h, i, m);
+        if (!fresh && it->second.first != i && !d.example) {
+          const auto [j, jm] = it->second;
+          d.example = Example{j, i, "messages[" + std::to_string(m) + "] (user)", log[j].messages[jm].content, msg.content,
+                              "both put a shared document (" + std::to_string(p->moved_chars) +
+                                  " characters) after a question of their own"};
+        }
       }
     }
   }

@@ -69,7 +69,7 @@ Detection detect_tool_order(const Log& log) {
     if (!fresh) {
       if (it->second.raw != raw) {
         d.affected.push_back(i);
-        if (!d.example) d.example = Example{it->second.index, i, "tools"};
+        if (!d.example) d.example = Example{it->second.index, i, "tools (one JSON object per line)", it->second.raw, raw, "the same tools, in another order"};
       }
       it->second = {std::move(raw), i};
     }

@@ -23,6 +23,12 @@ uint64_t message_hash(const Message& m) {
   return XXH3_64bits(s.data(), s.size());
 }
 
+std::string history_text(const LoggedRequest& r) {
+  std::string s;
+  for (size_t m = first_history_message(r); m < r.messages.size(); ++m) s += r.messages[m].role + ": " + r.messages[m].content + "\n";
+  return s;
+}
+
 struct Occurrence {
   size_t request;   // log index
   size_t position;  // in that request's re-anchored history
@@ -72,8 +78,15 @@ Reanchored reanchor_history(const Log& in) {
       o.messages.resize(h0);
       for (const Message* m : full[i]) o.messages.push_back(*m);
       out.detection.affected.push_back(i);
-      if (!out.detection.example)
-        out.detection.example = Example{best->request, i, "messages[" + std::to_string(h0) + "] (the first after the system prompt)"};
+      if (!out.detection.example) {
+        Example e{best->request, i, "history (the messages after the system prompt)", history_text(in[best->request]),
+                  history_text(r), ""};
+        const size_t kept = history[best->request].size() - best->position;
+        const size_t prev_sent = in[best->request].messages.size() - first_history_message(in[best->request]);
+        e.note = "the later request continues the earlier one's conversation without its first " +
+                 std::to_string(prev_sent - kept) + " history message(s)";
+        out.detection.example = std::move(e);
+      }
     }
     for (size_t p = 0; p < cur.size(); ++p) where[cur[p]].push_back({i, p});
     history[i] = std::move(cur);

@@ -97,9 +97,10 @@ size_t match_date_word(std::string_view s, size_t i) {
   return 0;
 }
 
+// The system messages, joined by a blank line.
 std::string system_text(const LoggedRequest& r) {
   std::string s;
-  for (size_t i = 0; i < first_history_message(r); ++i) s += r.messages[i].content + '\0';
+  for (size_t i = 0; i < first_history_message(r); ++i) s += (i ? "\n\n" : "") + r.messages[i].content;
   return s;
 }
 
@@ -167,7 +168,7 @@ Detection detect_volatile(const Log& log) {
     if (!fresh) {
       if (it->second.raw != raw) {
         d.affected.push_back(i);
-        if (!d.example) d.example = Example{it->second.index, i, "system prompt"};
+        if (!d.example) d.example = Example{it->second.index, i, "system prompt", it->second.raw, raw, ""};
       }
       it->second = {std::move(raw), i};
     }

@@ -87,7 +87,7 @@ Detection detect_whitespace(const Log& log) {
       if (it->second.raw != raw && it->second.index != i && !flagged) {
         flagged = true;
         d.affected.push_back(i);
-        if (!d.example) d.example = Example{it->second.index, i, where};
+        if (!d.example) d.example = Example{it->second.index, i, where, it->second.raw, std::string(raw), "the same text, spelt with other whitespace"};
       }
       it->second = {std::string(raw), i, std::move(where)};
     };

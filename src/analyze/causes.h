@@ -35,8 +35,10 @@ std::vector<Cause> parse_cause_list(std::string_view list);
 using Log = std::vector<LoggedRequest>;
 
 struct Example {
-  size_t first = 0, second = 0;  // log indices: the earlier request and the affected one
-  std::string where;             // "system prompt", "tools", "messages[3] (user)", ...
+  size_t first = 0, second = 0;            // log indices: the earlier request and the affected one
+  std::string where;                       // "system prompt", "tools", "messages[3] (user)", ...
+  std::string first_text, second_text;     // that part of each request, as sent (the report shows where they differ)
+  std::string note;                        // what else to know ("" if nothing)
 };
 
 struct Detection {

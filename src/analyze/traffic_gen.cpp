@@ -49,7 +49,8 @@ std::string sentence(Rng& r, int lo, int hi, char end = '.') {
   for (int i = 0; i < n; ++i) {
     std::string w = kWords[r.below(kNumWords)];
     if (i == 0) w[0] = static_cast<char>(w[0] - 'a' + 'A');
-    s += (i ? " " : "") + w;
+    if (i) s += ' ';
+    s += w;
   }
   return s + end;
 }
@@ -57,13 +58,19 @@ std::string sentence(Rng& r, int lo, int hi, char end = '.') {
 std::string sentences(Rng& r, int lo, int hi) {
   std::string s;
   const int n = r.between(lo, hi);
-  for (int i = 0; i < n; ++i) s += (i ? " " : "") + sentence(r, 6, 14);
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ' ';
+    s += sentence(r, 6, 14);
+  }
   return s;
 }
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep) {
   std::string s;
-  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) s += sep;
+    s += parts[i];
+  }
   return s;
 }
 
@@ -172,6 +179,19 @@ std::string chat_system(const World& w, bool volatile_planted, uint64_t seed, in
   return w.chat_system_head + "\n" + when + "\n" + w.chat_system_tail;
 }
 
+// A turn as a user's text box sends it: one of three spellings of the lines that a client trims later.
+std::string as_typed(const std::vector<std::string>& lines, Rng r) {
+  switch (r.below(3)) {
+    case 0: return join(lines, "\r\n") + "\r\n";  // Windows newlines
+    case 1: return join(lines, " \n") + "\n";       // a blank before each newline, a final newline
+    default: {                                     // two spaces after a sentence, a final newline
+      std::string s = join(lines, "\n") + "\n";
+      const size_t dot = s.find(". ");
+      return dot == std::string::npos ? s : s.replace(dot, 2, ".  ");
+    }
+  }
+}
+
 }  // namespace
 
 Log generate_traffic(const TrafficSpec& spec) {
@@ -212,7 +232,8 @@ Log generate_traffic(const TrafficSpec& spec) {
         history.push_back({"assistant", s.turns[static_cast<size_t>(t)].assistant});
       }
       const auto& lines = s.turns[static_cast<size_t>(turn)].user_lines;
-      history.push_back({"user", planted(Cause::Whitespace) ? join(lines, " \r\n") + "\r\n" : join(lines, "\n")});
+      history.push_back({"user", planted(Cause::Whitespace) ? as_typed(lines, stream(spec.seed, static_cast<uint64_t>(req), 'W'))
+                                                            : join(lines, "\n")});
     } else {
       r.messages.push_back({"system", w.rag_system});
       const std::string& doc = w.documents[static_cast<size_t>(s.document)];
@@ -232,7 +253,8 @@ GroundTruth ground_truth(const TrafficSpec& spec, PromptRenderer& renderer, cons
     return simulate_log(generate_traffic(s), renderer, sim);
   };
   GroundTruth g;
-  SimResult before = without({});
+  const SimResult planted = without({});
+  SimResult before = planted;
   g.hit_rate = before.hit_rate();
   std::vector<Cause> removed;
   for (Cause c : kAttributionOrder) {
@@ -241,10 +263,9 @@ GroundTruth ground_truth(const TrafficSpec& spec, PromptRenderer& renderer, cons
     row.planted = std::find(spec.planted.begin(), spec.planted.end(), c) != spec.planted.end();
     removed.push_back(c);
     const SimResult after = without(removed);
-    row.hit_rate_before = before.hit_rate();
-    row.hit_rate_after = after.hit_rate();
+    row.planted_prompt_tokens = planted.prompt_tokens;
     row.tokens_lost = before.computed_tokens() - after.computed_tokens();
-    row.alone_hit_rate = without({c}).hit_rate();
+    row.alone_tokens_lost = planted.computed_tokens() - without({c}).computed_tokens();
     g.rows.push_back(row);
     before = after;
   }

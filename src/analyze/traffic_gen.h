@@ -36,10 +36,15 @@ Log generate_traffic(const TrafficSpec& spec);
 struct TruthRow {
   Cause cause{};
   bool planted = false;
-  double hit_rate_before = 0, hit_rate_after = 0;  // with the causes before it (kAttributionOrder) removed
-  int64_t tokens_lost = 0;
-  double alone_hit_rate = 0;  // only this cause removed
-  double points_lost() const { return 100.0 * (hit_rate_after - hit_rate_before); }
+  int64_t tokens_lost = 0;        // computed without the causes before it (kAttributionOrder) minus without it too
+  int64_t alone_tokens_lost = 0;  // the traffic as planted minus it without only this cause
+  int64_t planted_prompt_tokens = 0;
+  // Points as the analyzer counts them: tokens over the prompt tokens of the traffic as planted.
+  double points_lost() const { return points(tokens_lost); }
+  double alone_points_lost() const { return points(alone_tokens_lost); }
+  double points(int64_t t) const {
+    return planted_prompt_tokens > 0 ? 100.0 * static_cast<double>(t) / static_cast<double>(planted_prompt_tokens) : 0;
+  }
 };
 
 struct GroundTruth {
