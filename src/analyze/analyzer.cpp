@@ -65,8 +65,9 @@ DiffSpan first_difference(const std::string& a, const std::string& b) {
   // The shortest pair of spans after which both texts read the same again.
   auto agree = [&](size_t i, size_t j) {
     const size_t ai = p + i, bj = p + j;
-    if (ai == a.size() && bj == b.size()) return true;
-    if (ai + kResyncBytes > a.size() || bj + kResyncBytes > b.size()) return false;
+    const size_t ra = a.size() - ai, rb = b.size() - bj;
+    if (ra < kResyncBytes || rb < kResyncBytes)  // near the end: the rest must be the same
+      return ra == rb && a.compare(ai, ra, b, bj, rb) == 0;
     return a.compare(ai, kResyncBytes, b, bj, kResyncBytes) == 0;
   };
   size_t ea = std::min(a.size() - p, kSpanBytes), eb = std::min(b.size() - p, kSpanBytes);

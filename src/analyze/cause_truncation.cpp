@@ -1,8 +1,9 @@
 // History truncated from the front: a client that drops the oldest turn on every request (a sliding
 // window to fit the context) changes the message right after the system prompt each time, so nothing
 // of the history is ever reused. Found by re-anchoring: a request whose history starts with the tail of
-// an earlier request's history (two messages or more, same session when the log names sessions)
-// continues that conversation; its re-anchored form puts the dropped messages back in front.
+// an earlier request's history continues that conversation (an overlap of two messages or more, or of
+// one within the same named session; never across two different sessions); its re-anchored form puts
+// the dropped messages back in front.
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
@@ -13,8 +14,10 @@
 namespace kvpack::analyze {
 namespace {
 
-// Two messages at least: one shared message (a greeting, "ok") says nothing about a conversation.
-constexpr size_t kMinOverlap = 2;
+// Two messages at least: one shared message (a greeting, "ok") says nothing about a conversation,
+// unless both requests name the same session (a client that keeps only the last exchange overlaps
+// its previous request by one message).
+constexpr size_t kMinOverlap = 2, kMinOverlapInSession = 1;
 // Candidates checked per request (the most recent ones): bounds the work on very repetitive logs.
 constexpr size_t kMaxCandidates = 64;
 
@@ -52,16 +55,17 @@ Reanchored reanchor_history(const Log& in) {
     // The continued conversation: the most recent earlier request whose history, from some position
     // d >= 1, is a prefix of this one's.
     std::optional<Occurrence> best;
-    if (cur.size() >= kMinOverlap) {
+    if (!cur.empty()) {
       if (auto it = where.find(cur[0]); it != where.end()) {
         size_t checked = 0;
         for (auto o = it->second.rbegin(); o != it->second.rend() && checked < kMaxCandidates; ++o, ++checked) {
           if (o->position == 0) continue;
           const LoggedRequest& prev = in[o->request];
           if (!r.session.empty() && !prev.session.empty() && prev.session != r.session) continue;
+          const bool same_session = !r.session.empty() && prev.session == r.session;
           const auto& h = history[o->request];
           const size_t overlap = h.size() - o->position;
-          if (overlap < kMinOverlap || overlap > cur.size()) continue;
+          if (overlap < (same_session ? kMinOverlapInSession : kMinOverlap) || overlap > cur.size()) continue;
           if (!std::equal(h.begin() + static_cast<std::ptrdiff_t>(o->position), h.end(), cur.begin())) continue;
           best = *o;
           break;
