@@ -91,12 +91,12 @@ DiffSpan first_difference(const std::string& a, const std::string& b) {
 }
 
 SimResult simulate_log(const Log& log, PromptRenderer& renderer, const SimOptions& opt) {
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<const BlockedPrompt*> prompts;  // the renderer keeps them
   std::vector<std::string> salts;
   prompts.reserve(log.size());
   salts.reserve(log.size());
   for (const auto& r : log) {
-    prompts.push_back(renderer.tokens(r));
+    prompts.push_back(&renderer.blocks(r, opt.page_size));
     salts.push_back(r.cache_salt);
   }
   return simulate_prefix_cache(prompts, salts, opt);

@@ -9,9 +9,9 @@
 namespace kvpack::analyze {
 namespace {
 
-uint64_t block_key(uint64_t parent, std::span<const int32_t> block, uint64_t salt) {
+uint64_t block_key(uint64_t parent, std::span<const int32_t> block) {
   XXH3_state_t st;
-  XXH3_64bits_reset_withSeed(&st, salt);
+  XXH3_64bits_reset(&st);
   XXH3_64bits_update(&st, &parent, sizeof parent);
   XXH3_64bits_update(&st, block.data(), block.size_bytes());
   return XXH3_64bits_digest(&st);
@@ -45,7 +45,17 @@ class BlockLru {
 
 }  // namespace
 
-SimResult simulate_prefix_cache(std::span<const std::vector<int32_t>> prompts, std::span<const std::string> salts,
+BlockedPrompt block_prompt(std::span<const int32_t> p, int32_t page_size) {
+  if (page_size < 1) throw std::invalid_argument("the page size must be at least 1");
+  const size_t ps = static_cast<size_t>(page_size);
+  BlockedPrompt b;
+  b.n_tokens = static_cast<int32_t>(p.size());
+  uint64_t key = 0;
+  for (size_t i = 0; (i + 1) * ps <= p.size(); ++i) b.block_keys.push_back(key = block_key(key, p.subspan(i * ps, ps)));
+  return b;
+}
+
+SimResult simulate_prefix_cache(std::span<const BlockedPrompt* const> prompts, std::span<const std::string> salts,
                                 const SimOptions& opt) {
   if (opt.page_size < 1) throw std::invalid_argument("the page size must be at least 1");
   if (!salts.empty() && salts.size() != prompts.size()) throw std::invalid_argument("one salt per prompt, or none");
@@ -56,20 +66,30 @@ SimResult simulate_prefix_cache(std::span<const std::vector<int32_t>> prompts, s
   r.cached.reserve(prompts.size());
   std::vector<uint64_t> keys;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::span<const int32_t> p(prompts[i]);
-    const uint64_t salt = salts.empty() || salts[i].empty() ? 0 : XXH3_64bits(salts[i].data(), salts[i].size());
+    const BlockedPrompt& p = *prompts[i];
+    // The salt names a separate chain: every key of a salted prompt changes (the engine seeds its hash with it).
+    const uint64_t salt = salts.empty() || salts[i].empty() ? 0 : XXH3_64bits(salts[i].data(), salts[i].size()) | 1;
     keys.clear();
-    uint64_t key = 0;
-    for (size_t b = 0; (b + 1) * ps <= p.size(); ++b) keys.push_back(key = block_key(key, p.subspan(b * ps, ps), salt));
-    const size_t lookup = p.empty() ? 0 : (p.size() - 1) / ps;  // leave one token to compute
+    for (uint64_t k : p.block_keys) keys.push_back(salt ? XXH3_64bits_withSeed(&k, sizeof k, salt) : k);
+    const size_t lookup = p.n_tokens == 0 ? 0 : std::min(keys.size(), static_cast<size_t>(p.n_tokens - 1) / ps);  // leave one token to compute
     size_t hit = 0;
     while (hit < lookup && cache.touch(keys[hit])) ++hit;
     for (uint64_t k : keys) cache.insert(k);
     r.cached.push_back(static_cast<int32_t>(hit * ps));
-    r.prompt_tokens += static_cast<int64_t>(p.size());
+    r.prompt_tokens += p.n_tokens;
     r.cached_tokens += static_cast<int64_t>(hit * ps);
   }
   return r;
+}
+
+SimResult simulate_prefix_cache(std::span<const std::vector<int32_t>> prompts, std::span<const std::string> salts,
+                                const SimOptions& opt) {
+  std::vector<BlockedPrompt> blocked;
+  blocked.reserve(prompts.size());
+  for (const auto& p : prompts) blocked.push_back(block_prompt(p, opt.page_size));
+  std::vector<const BlockedPrompt*> ptrs;
+  for (const auto& b : blocked) ptrs.push_back(&b);
+  return simulate_prefix_cache(ptrs, salts, opt);
 }
 
 }  // namespace kvpack::analyze

@@ -18,6 +18,15 @@ struct SimOptions {
   int64_t capacity_tokens = 0;  // 0: unbounded
 };
 
+// A prompt as the cache sees it: its length and the chain key of each full block (hash of the parent
+// key and the block's tokens; the salt is mixed in by the simulation). 8 bytes per block instead of
+// 4 per token: what lets the analyzer keep every scenario of a large log in memory.
+struct BlockedPrompt {
+  int32_t n_tokens = 0;
+  std::vector<uint64_t> block_keys;
+};
+BlockedPrompt block_prompt(std::span<const int32_t> tokens, int32_t page_size);
+
 struct SimResult {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
@@ -26,7 +35,9 @@ struct SimResult {
   int64_t computed_tokens() const { return prompt_tokens - cached_tokens; }  // prefill work
 };
 
-// `salts` is empty or one per prompt.
+// `salts` is empty or one per prompt. The blocked prompts must have been cut with opt.page_size.
+SimResult simulate_prefix_cache(std::span<const BlockedPrompt* const> prompts, std::span<const std::string> salts,
+                                const SimOptions& opt);
 SimResult simulate_prefix_cache(std::span<const std::vector<int32_t>> prompts, std::span<const std::string> salts,
                                 const SimOptions& opt);
 

@@ -1,5 +1,7 @@
 #include "analyze/prompt_render.h"
 
+#include <xxhash.h>
+
 namespace kvpack::analyze {
 namespace {
 
@@ -29,27 +31,30 @@ std::string render_prompt_text(const LoggedRequest& r, server::ChatFormat f) {
   return r.prompt;
 }
 
-const std::vector<int32_t>& PromptRenderer::tokens(const LoggedRequest& r) {
-  if (!r.chat && !r.prompt_ids.empty()) {  // sent as token ids: nothing to render
-    std::string key = "ids";
-    for (int32_t t : r.prompt_ids) key.append(reinterpret_cast<const char*>(&t), sizeof t);
-    auto [it, fresh] = memo_.try_emplace(std::move(key));
-    if (fresh) it->second = r.prompt_ids;
-    return it->second;
+std::vector<int32_t> PromptRenderer::tokens(const LoggedRequest& r) const {
+  if (r.chat) return server::render_chat_tokens(format_, template_messages(r), *tok_);
+  if (!r.prompt_ids.empty()) return r.prompt_ids;  // sent as token ids: nothing to render
+  return tok_->encode(r.prompt, tok_->add_bos_default());
+}
+
+const BlockedPrompt& PromptRenderer::blocks(const LoggedRequest& r, int32_t page_size) {
+  if (page_size_ != page_size) {
+    memo_.clear();
+    page_size_ = page_size;
   }
   // Lengths before contents: no two different requests share a key.
-  std::string key = r.chat ? "chat" : "text";
+  std::string key = r.chat ? "chat" : !r.prompt_ids.empty() ? "ids" : "text";
   if (r.chat) {
     for (const auto& m : template_messages(r))
       key += std::to_string(m.role.size()) + ":" + m.role + std::to_string(m.content.size()) + ":" + m.content;
+  } else if (!r.prompt_ids.empty()) {
+    key.append(reinterpret_cast<const char*>(r.prompt_ids.data()), r.prompt_ids.size() * sizeof(int32_t));
   } else {
     key += r.prompt;
   }
-  auto [it, fresh] = memo_.try_emplace(std::move(key));
-  if (fresh) {
-    it->second = r.chat ? server::render_chat_tokens(format_, template_messages(r), *tok_)
-                        : tok_->encode(r.prompt, tok_->add_bos_default());
-  }
+  const XXH128_hash_t h = XXH3_128bits(key.data(), key.size());
+  auto [it, fresh] = memo_.try_emplace(Key{h.low64, h.high64});
+  if (fresh) it->second = block_prompt(tokens(r), page_size);
   return it->second;
 }
 

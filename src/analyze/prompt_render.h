@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analyze/prefix_sim.h"
 #include "analyze/request_log.h"
 #include "server/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -23,19 +24,30 @@ std::vector<server::ChatMessage> template_messages(const LoggedRequest& r);
 // The prompt as text (chat: the template's text, special markers written out).
 std::string render_prompt_text(const LoggedRequest& r, server::ChatFormat f);
 
-// Renders requests to tokens, remembering the tokens of every prompt it has seen: the analyzer renders
+// Renders requests to tokens, and to cache blocks remembered per distinct prompt: the analyzer renders
 // the same log once per what-if scenario and most prompts do not change between scenarios.
 class PromptRenderer {
  public:
   PromptRenderer(const Tokenizer& tok, server::ChatFormat f) : tok_(&tok), format_(f) {}
-  const std::vector<int32_t>& tokens(const LoggedRequest& r);
+  std::vector<int32_t> tokens(const LoggedRequest& r) const;
+  // The prompt's blocks for the cache simulation (page_size must stay the same for one renderer).
+  const BlockedPrompt& blocks(const LoggedRequest& r, int32_t page_size);
   server::ChatFormat format() const { return format_; }
   const Tokenizer& tokenizer() const { return *tok_; }
 
  private:
+  struct Key {
+    uint64_t lo, hi;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return static_cast<size_t>(k.lo); }
+  };
   const Tokenizer* tok_;
   server::ChatFormat format_;
-  std::unordered_map<std::string, std::vector<int32_t>> memo_;  // unambiguous prompt key -> tokens
+  int32_t page_size_ = 0;
+  // 128-bit hash of an unambiguous prompt key (collisions: ~2^-128 per pair) -> its blocks.
+  std::unordered_map<Key, BlockedPrompt, KeyHash> memo_;
 };
 
 }  // namespace kvpack::analyze
