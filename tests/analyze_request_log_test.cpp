@@ -162,3 +162,36 @@ TEST(RequestLog, AMissingFileIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("cannot open the request log"), std::string::npos);
   }
 }
+
+TEST(RequestLog, ServerLinesAreOrderedByArrivalNotByCompletion) {
+  // The server writes a line when a request ends: here the long request b arrived first.
+  auto log = read(
+      R"({"id":"a","ts":"2026-12-02T04:49:35.000Z","e2e_s":0.5,"request":{"prompt":"x"}})"
+      "\n"
+      R"({"id":"b","ts":"2026-12-02T04:49:36.000Z","e2e_s":2.0,"request":{"prompt":"y"}})"
+      "\n"
+      R"({"id":"c","ts":"2026-12-02T04:49:36.000Z","e2e_s":1.5,"request":{"prompt":"z"}})");
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_DOUBLE_EQ(*log[1].arrival_s, *parse_utc_time("2026-12-02T04:49:34Z"));
+  ASSERT_TRUE(order_by_arrival(log));
+  EXPECT_EQ(log[0].id, "b");
+  EXPECT_EQ(log[1].id, "a");
+  EXPECT_EQ(log[2].id, "c");
+  // Without a time on every line the file order stays.
+  auto mixed = read(R"({"id":"a","timestamp":20,"prompt":"x"})" "\n" R"({"id":"b","prompt":"y"})");
+  EXPECT_FALSE(order_by_arrival(mixed));
+  EXPECT_EQ(mixed[0].id, "a");
+}
+
+TEST(RequestLog, UtcTimesParseAndBadOnesAreErrors) {
+  EXPECT_DOUBLE_EQ(*parse_utc_time("1970-01-01T00:00:00Z"), 0.0);
+  EXPECT_DOUBLE_EQ(*parse_utc_time("2000-03-01T00:00:00Z"), 951868800.0);  // after a leap day
+  EXPECT_DOUBLE_EQ(*parse_utc_time("2026-12-02T04:49:34.25+00:00"), 1796186974.25);
+  EXPECT_FALSE(parse_utc_time("2026-12-02T04:49:34"));  // no zone: not known to be UTC
+  EXPECT_FALSE(parse_utc_time("2026-13-02T04:49:34Z"));
+  EXPECT_FALSE(parse_utc_time("yesterday"));
+  const LogError e = error_of(kGood + "\n" + R"({"ts":"soon","e2e_s":1,"request":{"prompt":"x"}})");
+  EXPECT_EQ(e.line, 2);
+  EXPECT_NE(std::string(e.what()).find("'ts' must be an ISO 8601 UTC time"), std::string::npos) << e.what();
+  EXPECT_EQ(error_of(R"({"ts":"2026-12-02T04:49:34Z","e2e_s":-1,"prompt":"x"})").line, 1);
+}

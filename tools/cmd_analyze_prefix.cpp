@@ -125,11 +125,15 @@ void run(const Opts& o) {
   if (o.ground_truth) throw std::runtime_error("--ground-truth goes with --generate");
   an::ReadOptions ro;
   ro.max_line_bytes = static_cast<size_t>(o.max_line_bytes);
-  const an::Log log = an::read_request_log_file(o.log, ro);
+  an::Log log = an::read_request_log_file(o.log, ro);
   if (log.empty()) throw std::runtime_error(o.log + " has no requests");
+  an::AnalyzeOptions ao;
+  ao.sim = sim_options(o);
+  // The server logs a request when it ends; its cache saw them as they arrived.
+  if (an::order_by_arrival(log)) ao.order = "arrival order (ts - e2e_s, or timestamp)";
   Vocab v = load_vocab(o);
   an::PromptRenderer renderer(*v.tok, v.format);
-  const an::Report rep = an::analyze_prefix_reuse(log, renderer, {sim_options(o)});
+  const an::Report rep = an::analyze_prefix_reuse(log, renderer, ao);
   if (o.json) std::printf("%s\n", an::report_json(rep).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   else std::printf("%s", an::format_report_text(rep).c_str());
 }

@@ -105,6 +105,7 @@ SimResult simulate_log(const Log& log, PromptRenderer& renderer, const SimOption
 Report analyze_prefix_reuse(const Log& log, PromptRenderer& renderer, const AnalyzeOptions& opt) {
   Report rep;
   rep.sim = opt.sim;
+  rep.order = opt.order;
   rep.chat_format = server::chat_format_name(renderer.format());
   rep.requests = static_cast<int64_t>(log.size());
   for (const auto& r : log) {
@@ -151,11 +152,12 @@ std::string format_report_text(const Report& r) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "Prefix reuse of %lld requests (%lld chat, %lld completion), %lld prompt tokens; chat format %s, "
-                "blocks of %d tokens, cache %s\n",
+                "blocks of %d tokens, cache %s, requests in %s\n",
                 static_cast<long long>(r.requests), static_cast<long long>(r.chat_requests),
                 static_cast<long long>(r.requests - r.chat_requests), static_cast<long long>(r.prompt_tokens),
                 r.chat_format.c_str(), r.sim.page_size,
-                r.sim.capacity_tokens > 0 ? (std::to_string(r.sim.capacity_tokens) + " tokens (LRU)").c_str() : "unbounded");
+                r.sim.capacity_tokens > 0 ? (std::to_string(r.sim.capacity_tokens) + " tokens (LRU)").c_str() : "unbounded",
+                r.order.c_str());
   s += buf;
   s += "Simulated prefix-cache hit rate: " + pct(r.hit_rate) + " (" + std::to_string(r.computed_tokens) + " prompt tokens computed)";
   if (r.logged_requests > 0 && r.logged_prompt_tokens > 0) {
@@ -213,6 +215,7 @@ ordered_json report_json(const Report& r) {
   j["chat_format"] = r.chat_format;
   j["page_size"] = r.sim.page_size;
   j["cache_capacity_tokens"] = r.sim.capacity_tokens;
+  j["order"] = r.order;
   j["hit_rate"] = r.hit_rate;
   j["computed_tokens_all_fixed"] = r.computed_tokens_fixed;
   j["hit_rate_of_rewritten_log_all_fixed"] = r.hit_rate_fixed;

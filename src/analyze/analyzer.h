@@ -52,7 +52,7 @@ struct CauseReport {
 
 struct Report {
   int64_t requests = 0, chat_requests = 0, prompt_tokens = 0, computed_tokens = 0;
-  std::string chat_format;
+  std::string chat_format, order;
   SimOptions sim;
   double hit_rate = 0;        // simulated on the log as it is
   double hit_rate_fixed = 0;  // the simulated hit rate of the log rewritten with every fix
@@ -63,6 +63,7 @@ struct Report {
 
 struct AnalyzeOptions {
   SimOptions sim;
+  std::string order = "file order";  // how the log was ordered, for the report
 };
 
 Report analyze_prefix_reuse(const Log& log, PromptRenderer& renderer, const AnalyzeOptions& opt);

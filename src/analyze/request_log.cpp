@@ -1,5 +1,7 @@
 #include "analyze/request_log.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 
@@ -79,6 +81,28 @@ int32_t as_token_id(const ordered_json& v, const std::string& name) {
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
+double as_seconds(const ordered_json& v, const std::string& name) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) bad("'" + name + "' must be a non-negative number of seconds");
+  return v.get<double>();
+}
+
+double as_time(const ordered_json& v, const std::string& name) {
+  if (v.is_string()) {
+    if (auto t = parse_utc_time(v.get<std::string>())) return *t;
+    bad("'" + name + "' must be an ISO 8601 UTC time like 2026-12-02T04:49:34.411Z (got \"" + v.get<std::string>().substr(0, 40) + "\")");
+  }
+  return as_seconds(v, name);
+}
+
+// When the request arrived: the server log's end time minus its duration, or a given timestamp.
+std::optional<double> arrival_time(const ordered_json& j) {
+  const ordered_json* ts = field(j, "ts");
+  const ordered_json* e2e = field(j, "e2e_s");
+  if (ts && e2e) return as_time(*ts, "ts") - as_seconds(*e2e, "e2e_s");
+  if (const ordered_json* t = field(j, "timestamp")) return as_time(*t, "timestamp");
+  return std::nullopt;
+}
+
 std::string content_text(const ordered_json& c, const std::string& at) {
   if (c.is_string()) return c.get<std::string>();
   if (c.is_array()) {  // content parts: the text ones are the prompt (images etc. are not rendered)
@@ -139,6 +163,51 @@ void parse_completion(const ordered_json& p, LoggedRequest& r) {
 
 }  // namespace
 
+std::optional<double> parse_utc_time(std::string_view s) {
+  auto num = [&](size_t at, size_t n) -> int {
+    if (at + n > s.size()) return -1;
+    int v = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return -1;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v;
+  };
+  const int y = num(0, 4), mo = num(5, 2), d = num(8, 2), h = num(11, 2), mi = num(14, 2), sec = num(17, 2);
+  if (y < 0 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 || sec > 60) return std::nullopt;
+  if (s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != ' ') || s[13] != ':' || s[16] != ':') return std::nullopt;
+  size_t i = 19;
+  double frac = 0;
+  if (i < s.size() && s[i] == '.') {
+    double scale = 0.1;
+    size_t k = i + 1;
+    while (k < s.size() && s[k] >= '0' && s[k] <= '9') {
+      frac += (s[k] - '0') * scale;
+      scale /= 10;
+      ++k;
+    }
+    if (k == i + 1) return std::nullopt;
+    i = k;
+  }
+  const std::string_view zone = s.substr(i);
+  if (zone != "Z" && zone != "+00:00") return std::nullopt;
+  // Days from 1970-01-01 to y-mo-d in the proleptic Gregorian calendar (H. Hinnant's days_from_civil).
+  const int yy = y - (mo <= 2);
+  const int era = yy / 400;
+  const int yoe = yy - era * 400;
+  const int doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  const int64_t days = static_cast<int64_t>(era) * 146097 + doe - 719468;
+  return static_cast<double>(days * 86400 + h * 3600 + mi * 60 + sec) + frac;
+}
+
+bool order_by_arrival(std::vector<LoggedRequest>& log) {
+  for (const auto& r : log)
+    if (!r.arrival_s) return false;
+  std::stable_sort(log.begin(), log.end(), [](const LoggedRequest& a, const LoggedRequest& b) { return *a.arrival_s < *b.arrival_s; });
+  return true;
+}
+
 LogError::LogError(int64_t l, const std::string& what) : std::runtime_error("line " + std::to_string(l) + ": " + what), line(l) {}
 
 LoggedRequest parse_logged_request(const ordered_json& j) {
@@ -156,6 +225,7 @@ LoggedRequest parse_logged_request(const ordered_json& j) {
   if (const ordered_json* v = field(j, "prompt_tokens")) r.logged_prompt_tokens = as_count(*v, "prompt_tokens");
   if (const ordered_json* v = field(j, "cached_tokens")) r.logged_cached_tokens = as_count(*v, "cached_tokens");
   if (const ordered_json* v = field(*body, "cache_salt")) r.cache_salt = as_string(*v, "cache_salt");
+  r.arrival_s = arrival_time(j);
   const bool has_messages = field(*body, "messages") != nullptr;
   const ordered_json* prompt = field(*body, "prompt");
   if (has_messages && prompt) bad("the request has both 'messages' and 'prompt'");

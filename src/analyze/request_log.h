@@ -5,6 +5,9 @@
 //     ("id", "session" or "user", "timestamp", "prompt_tokens", "cached_tokens");
 //   - a server request-log line (`kvpack serve --request-log FILE --request-log-prompts`): the log's
 //     fields with the body under "request".
+// The server writes a line when a request ends, so its file order is completion order; the prefix
+// cache saw the requests in arrival order, which is "ts" (the end, ISO 8601 UTC) minus "e2e_s".
+// Other logs may give "timestamp" (unix seconds, or ISO 8601) for the arrival.
 // Every error names the 1-based line number; the reader never holds more than one line (bounded by
 // max_line_bytes) in memory.
 #pragma once
@@ -14,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvpack::analyze {
@@ -38,6 +42,7 @@ struct LoggedRequest {
   std::string prompt;                   // completion prompt text
   std::vector<int32_t> prompt_ids;      // completion prompt sent as token ids (then `prompt` is empty)
   std::optional<int64_t> logged_prompt_tokens, logged_cached_tokens;  // what the server reported
+  std::optional<double> arrival_s;  // unix seconds, when the line says (see above)
 };
 
 struct LogError : std::runtime_error {
@@ -55,6 +60,12 @@ std::vector<LoggedRequest> read_request_log_file(const std::string& path, const 
 // One line's JSON (already parsed) to a request; throws std::invalid_argument with a message that the
 // callers prefix with the line number.
 LoggedRequest parse_logged_request(const ordered_json& line_json);
+
+// Puts the requests in arrival order when every one has an arrival time (a stable sort: ties keep file
+// order) and returns true; otherwise leaves the file order and returns false.
+bool order_by_arrival(std::vector<LoggedRequest>& log);
+// "2026-12-02T04:49:34.411Z" (also without fraction, or with "+00:00") -> unix seconds; nullopt if not that form.
+std::optional<double> parse_utc_time(std::string_view s);
 
 // Serialises a request back to one JSON line in the request-log shape ({"id", "session", "request"}).
 std::string to_log_line(const LoggedRequest& r);
