@@ -11,6 +11,7 @@ void add_calibrate(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_eval(CLI::App& app);  // `kvpack eval` (kld, tasks, gen-tasks, sweep): the quality harness
 void add_bench(CLI::App& app);  // `kvpack bench` and its sub-commands
+void add_analyze_prefix(CLI::App& app);  // `kvpack analyze-prefix`: what breaks prefix reuse in a request log
 
 // Path of the embedded default model (a deterministic random-weight model written on first use).
 std::string default_model_path();

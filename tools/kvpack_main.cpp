@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   kvpack::cli::add_serve(app);
   kvpack::cli::add_eval(app);
   kvpack::cli::add_bench(app);
+  kvpack::cli::add_analyze_prefix(app);
   try {
     kvpack::cli::NormalizedArgs na = kvpack::cli::normalize_args(app, std::vector<std::string>(argv + 1, argv + argc));
     for (const std::string& n : na.notes) std::fprintf(stderr, "[kvpack] note: %s\n", n.c_str());
