@@ -63,8 +63,8 @@ void check_head(const RequestParser& p, const HttpLimits& lim) {
   const HttpRequest& r = p.req;
   if (r.method.empty() || (r.version != 10 && r.version != 11)) std::abort();
   if (static_cast<int32_t>(r.headers.size()) > lim.max_headers) std::abort();
-  size_t bytes = r.method.size() + r.target.size();
-  for (const auto& [k, v] : r.headers) bytes += k.size() + v.size();
+  size_t bytes = r.method.size() + r.target.size() + 11;  // as RequestParser charges them
+  for (const auto& [k, v] : r.headers) bytes += k.size() + v.size() + 4;
   if (bytes > lim.max_header_bytes) std::abort();
   if (r.path.size() > r.target.size() || r.target.compare(0, r.path.size(), r.path) != 0) std::abort();
   (void)r.header("content-length");

@@ -30,7 +30,8 @@ std::string HttpRequest::header(std::string_view name) const {
   return "";
 }
 
-RequestParser::RequestParser(const HttpLimits& l) : max_headers_(l.max_headers), max_body_(l.max_body_bytes) {
+RequestParser::RequestParser(const HttpLimits& l)
+    : max_headers_(l.max_headers), max_header_bytes_(l.max_header_bytes), max_body_(l.max_body_bytes) {
   header_limit(static_cast<std::uint32_t>(std::min<size_t>(l.max_header_bytes, UINT32_MAX)));
   body_limit(static_cast<std::uint64_t>(l.max_body_bytes));
 }
@@ -41,6 +42,10 @@ void RequestParser::on_request_impl(http::verb, beast::string_view method, beast
   req.target = std::string(sv(target));
   req.path = req.target.substr(0, req.target.find('?'));
   req.version = version;
+  // Beast 1.74 bounds the request line and the field block by header_limit each (it never charges the
+  // line against the fields), so a header could reach twice the limit. Charging what is kept here —
+  // "METHOD TARGET HTTP/1.1\r\n", then "name: value\r\n" per field — holds it to the limit.
+  header_bytes_ = req.method.size() + req.target.size() + 11;
 }
 
 // basic_parser<true> parses requests only; a status line is not a request.
@@ -49,6 +54,11 @@ void RequestParser::on_response_impl(int, beast::string_view, int, error_code& e
 void RequestParser::on_field_impl(http::field, beast::string_view name, beast::string_view value, error_code& ec) {
   if (static_cast<int32_t>(req.headers.size()) >= max_headers_) {
     too_many_headers = true;
+    ec = http::error::header_limit;
+    return;
+  }
+  header_bytes_ += name.size() + value.size() + 4;
+  if (header_bytes_ > max_header_bytes_) {
     ec = http::error::header_limit;
     return;
   }

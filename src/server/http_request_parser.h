@@ -3,7 +3,8 @@
 //
 // RequestParser is Boost.Beast's strict incremental HTTP/1.1 parser (basic_parser) with callbacks that
 // keep only what the server needs and enforce the limits as bytes arrive: header bytes (Beast's
-// header_limit, request line included), header count, body bytes (Content-Length checked before any
+// header_limit on the raw bytes of the request line and of the field block, and the total of request
+// line and fields as kept, charged in the callbacks), header count, body bytes (Content-Length checked before any
 // body byte is read; chunked bodies as they arrive). Nothing is reserved from what the client announces:
 // the body grows only with bytes actually received. The server reads the header with
 // http::async_read_header, asks its handlers, then reads the body with http::async_read, into a
@@ -46,6 +47,8 @@ class RequestParser final : public boost::beast::http::basic_parser<true> {
   size_t append(boost::beast::string_view s, error_code& ec);
 
   int32_t max_headers_;
+  size_t max_header_bytes_;
+  size_t header_bytes_ = 0;  // request line + fields as kept (see on_request_impl)
   size_t max_body_;
 };
 
