@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Soak test of `kvpack serve`: many concurrent clients for a long time, every response checked.
 
-Starts the server (API key on, a KV page pool small enough that sequences are preempted, a host cold
-tier so preempted sequences swap out and come back bit-identical, TriAttention calibrated here), records
+Starts the server (API key on, a KV page pool small enough that sequences are preempted, a small host
+cold tier so preempted sequences swap out and come back bit-identical, TriAttention calibrated here), records
 the solo output of every request spec one at a time on the idle server, then runs N clients until the
 duration is over. Each client loops over random requests: completions and chat, streamed and not,
 greedy (compared with their solo run), seeded sampling (also reproducible, also compared), unseeded
@@ -246,6 +246,8 @@ def main():
     ap.add_argument("--warmup", type=float, default=None, help="seconds before RSS must stay flat (default: a quarter of the duration, at most 120)")
     ap.add_argument("--kv-pages", type=int, default=600, help="20 streams x 30 pages: a few full-length sequences")
     ap.add_argument("--specs", type=int, default=48, help="distinct reproducible request specs")
+    ap.add_argument("--kv-cold", default="host:4M",
+                    help="cold tier; small, so that it fills (its memory is kept at the high-water mark) during the warm-up")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("extra", nargs="*", help="extra `kvpack serve` arguments (after --)")
     a = ap.parse_args()
@@ -260,7 +262,7 @@ def main():
                     "--max-tokens", "4096", "-o", calib, "-t", "1"], check=True, stdout=subprocess.DEVNULL)
     key = secrets.token_hex(16)
     cmd = [a.binary, "serve", "-q", "-m", model, "--port", "0", "--api-key", key, "--kv-calib", calib,
-           "--kv-pages", str(a.kv_pages), "--kv-cold", "host:16M", "--kv-interval", "16", "--admission", "watermark",
+           "--kv-pages", str(a.kv_pages), "--kv-cold", a.kv_cold, "--kv-interval", "16", "--admission", "watermark",
            "--max-batch", "16", "--max-concurrent", str(a.clients + 8), "-t", "1"] + a.extra
     proc, port = start_server(cmd)
     api = Api(port, key)
@@ -290,12 +292,16 @@ def main():
         counts = {k: 0 for k in ("greedy", "seeded", "sampled", "streamed", "dropped", "unauthorized", "accepted")}
         t_start = time.time()
         t_end = t_start + a.duration
-        samples = []  # (t, rss, threads, fds)
+        samples = []  # (t, rss, threads, fds, cold tier bytes in use)
         stop = threading.Event()
 
         def monitor():
             while not stop.wait(2.0):
-                samples.append((time.time() - t_start,) + proc_figures(proc.pid))
+                try:
+                    cold = api.metrics().get("kvpack_kv_cold_used_bytes", 0)
+                except (OSError, http.client.HTTPException, RuntimeError):
+                    cold = -1
+                samples.append((time.time() - t_start,) + proc_figures(proc.pid) + (cold,))
 
         def client(ci):
             crng = random.Random(seed * 1000 + ci)
@@ -406,6 +412,9 @@ def main():
             print("soak: RSS idle %.1f MB; after warm-up %.1f MB, range %.1f..%.1f MB (max deviation %.2f %%); idle after %.1f MB" % (
                 rss0 / 2**20, rss_base / 2**20, min(s[1] for s in after) / 2**20, max(s[1] for s in after) / 2**20,
                 100 * rss_dev, rss1 / 2**20))
+        if after:  # the RSS curve, for the record: every minute
+            print("soak: RSS / cold tier in use (MB) by time: " + ", ".join(
+                "%.0fs %.1f/%.1f" % (s[0], s[1] / 2**20, s[4] / 2**20) for s in samples[::30]))
         print("soak: threads idle %d, max under load %d, idle after %d; fds idle %d, max under load %d, idle after %d" % (
             threads0, max_threads, threads1, fds0, max((s[3] for s in samples), default=fds0), fds1))
     finally:

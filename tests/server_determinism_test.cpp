@@ -10,7 +10,7 @@
 // differ; those (usage.kvpack.recomputes > 0, policy not full) are counted, not compared.
 //
 // The seed is printed; KVPACK_DETERMINISM_SEED=N reproduces a run, KVPACK_DETERMINISM_ROUNDS=N runs more
-// rounds (default 10: the divergence this test was written against — protection from the pages
+// rounds (default 10, 4 in sanitizer builds: the divergence this test was written against — protection from the pages
 // shared at the moment, see docs/reliability.md — showed up in about one prefix-cache round in three).
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -71,7 +71,11 @@ std::vector<std::string> policies_from_env() {
 }
 int rounds_from_env() {
   if (const char* s = std::getenv("KVPACK_DETERMINISM_ROUNDS"); s && *s) return std::max(1, std::atoi(s));
+#ifdef KVPACK_DEBUG_CHECKS
+  return 4;  // sanitizer builds: a round costs ~30 s under TSan
+#else
   return 10;
+#endif
 }
 
 struct Spec {
