@@ -124,3 +124,22 @@ chats = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user
          {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "top_p": 0.5, "min_p": 0.1}]
 for i, b in enumerate(chats):
     put("fuzz_json_api", "chat%d" % i, bytes([1 + 2 * i]) + json.dumps(b).encode())
+
+# --- HTTP requests: byte 0 = bytes per read (0: all at once), byte 1 bit 0 = tight limits -------------
+body = json.dumps(bodies[0]).encode()
+requests = {
+    "post_length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    "post_chunked": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"5\r\nhello\r\n3;ext=1\r\n wo\r\n0\r\nTrailer: t\r\n\r\n",
+    "pipelined": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /v1/models HTTP/1.0\r\n\r\n",
+    "expect": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}",
+    "http10_close": b"GET / HTTP/1.0\r\nConnection: close\r\n\r\n",
+    "many_headers": b"GET /health HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * i) for i in range(8)) + b"\r\n",
+    "absolute_target": b"GET http://x/health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "length_and_chunked": b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "obs_fold": b"GET /health HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
+}
+for i, (name, r) in enumerate(sorted(requests.items())):
+    put("fuzz_http_request", name, bytes([(0, 1, 7, 64)[i % 4], i % 2]) + r)

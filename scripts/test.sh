@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fresh machine -> installs dependencies, builds and runs every test twice: an optimised build, and a
-# Debug build with AddressSanitizer + UndefinedBehaviorSanitizer (debug invariant checks on).
+# Debug build with AddressSanitizer + UndefinedBehaviorSanitizer (debug invariant checks on); then the
+# engine, KV and server tests under ThreadSanitizer, bounded fuzzing and a 60-second soak of `kvpack serve`.
 # Reference data is read from ../shared (KVPACK_SHARED_DIR to override).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,23 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVPACK_SANITIZE=ON -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")
+# ThreadSanitizer: the scheduler, server and KV tests (the code with threads), built alone (-O1: TSan's
+# usual trade-off) so CI pays for those targets only; tests/tsan.supp lists documented false positives.
+# The single-request numerics tests (reference logits, Q4_K, KV element types) have no threads of their
+# own and take minutes under TSan; ASan covers them.
+tsan_tests=$(ls tests/*_test.cpp | sed -n -E 's@^.*/((engine|server|kv)_[a-z0-9_]*_test)\.cpp$@\1@p' |
+             grep -v -E '^engine_(reference|q4k_model|kv_types)_test$')
+cmake -S . -B build-tsan -DKVPACK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" >/dev/null
+# shellcheck disable=SC2086
+cmake --build build-tsan -j"$jobs" --target $tsan_tests
+supp="$(pwd)/tests/tsan.supp"
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp" \
+   ctest --output-on-failure --no-tests=error -j"$jobs" -L '^(engine|kv|server)$' -E "${KVPACK_TSAN_EXCLUDE:-^$}")
 # Bounded fuzzing: every libFuzzer target (clang + ASan + UBSan) for a few seconds from its committed seeds,
 # which include the regression input of every crash found so far (docs/reliability.md has the long run).
 scripts/fuzz.sh "${KVPACK_FUZZ_SECONDS:-8}"
+# Soak: 16 concurrent clients for 60 s against `kvpack serve` (every response checked against its solo run,
+# pages / counters / RSS / fds / threads at the end; ~75 s in all); the full version is 64 clients for 10
+# minutes (docs/reliability.md). A 2 MiB cold tier fills within the 30-s warm-up, so RSS is flat after it.
+/usr/bin/python3 scripts/soak.py --binary build/kvpack --shared "$shared" --clients 16 --duration 60 --warmup 30 --kv-cold host:2M

@@ -94,9 +94,11 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.recall.max_pages = o.recall_pages;
   c.recall.min_share = o.recall_share;
   c.recall.guard = o.guard;
-  // Load the statistics first (when given) so that validate() sees them; a policy that cannot run
-  // without them gets them computed once on built-in text and cached (engine/auto_calibration.h).
-  if (compress::policy_needs_calibration(c.policy) && !o.calib.empty())
+  // Load the statistics first (when given) so that validate() sees them — whatever the default policy:
+  // a server's requests may choose triattention / trispan per request (kv_policy) and need them then. A
+  // policy that cannot run without them gets them computed once on built-in text and cached
+  // (engine/auto_calibration.h).
+  if (!o.calib.empty())
     engine.set_calibration(compress::QueryStats::load(o.calib, engine.model().config()));
   if (c.budget > 0) {
     AutoCalibrationInfo info;

@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include "server/http_request_parser.h"
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -7,7 +9,6 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/status.hpp>
@@ -41,58 +42,6 @@ bool iequals(std::string_view a, std::string_view b) {
 asio::steady_timer::duration seconds(double s) {
   return std::chrono::duration_cast<asio::steady_timer::duration>(std::chrono::duration<double>(s > 0 ? s : 0));
 }
-
-std::string_view sv(beast::string_view s) { return {s.data(), s.size()}; }
-
-// A request parser that keeps only what the server needs and enforces the limits as it goes: header
-// bytes (Beast's header_limit, request line included), header count, body bytes (Content-Length
-// checked before any body byte is read; chunked bodies as they arrive). Nothing is reserved from what
-// the client announces: the body grows only with bytes actually received.
-class RequestParser final : public http::basic_parser<true> {
- public:
-  RequestParser(const HttpLimits& l) : max_headers_(l.max_headers), max_body_(l.max_body_bytes) {
-    header_limit(static_cast<std::uint32_t>(std::min<size_t>(l.max_header_bytes, UINT32_MAX)));
-    body_limit(static_cast<std::uint64_t>(l.max_body_bytes));
-  }
-  HttpRequest req;
-  bool too_many_headers = false;
-
- private:
-  void on_request_impl(http::verb, beast::string_view method, beast::string_view target, int version, error_code&) override {
-    req.method = std::string(sv(method));
-    req.target = std::string(sv(target));
-    req.path = req.target.substr(0, req.target.find('?'));
-    req.version = version;
-  }
-  void on_response_impl(int, beast::string_view, int, error_code& ec) override { ec = http::error::bad_version; }
-  void on_field_impl(http::field, beast::string_view name, beast::string_view value, error_code& ec) override {
-    if (static_cast<int32_t>(req.headers.size()) >= max_headers_) {
-      too_many_headers = true;
-      ec = http::error::header_limit;
-      return;
-    }
-    req.headers.emplace_back(std::string(sv(name)), std::string(sv(value)));
-  }
-  void on_header_impl(error_code&) override {}
-  void on_body_init_impl(const boost::optional<std::uint64_t>& length, error_code& ec) override {
-    if (length && *length > max_body_) ec = http::error::body_limit;
-  }
-  size_t append(beast::string_view s, error_code& ec) {
-    if (req.body.size() + s.size() > max_body_) {
-      ec = http::error::body_limit;
-      return 0;
-    }
-    req.body.append(s.data(), s.size());
-    return s.size();
-  }
-  size_t on_body_impl(beast::string_view s, error_code& ec) override { return append(s, ec); }
-  void on_chunk_header_impl(std::uint64_t, beast::string_view, error_code&) override {}
-  size_t on_chunk_body_impl(std::uint64_t, beast::string_view s, error_code& ec) override { return append(s, ec); }
-  void on_finish_impl(error_code&) override {}
-
-  int32_t max_headers_;
-  size_t max_body_;
-};
 
 std::string format_head(int status, const HttpResponse& r, const std::string& length_header, bool keep_alive, int version) {
   std::string h = "HTTP/1.1 " + std::to_string(status) + " ";
@@ -163,7 +112,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpServer::Impl* srv, tcp::socket s)
       : srv_(srv), lim_(srv->limits), sock_(std::move(s)), deadline_(sock_.get_executor()), ping_(sock_.get_executor()),
-        buf_(srv->limits.max_header_bytes + 65536) {}
+        buf_(read_buffer_bytes(srv->limits)) {}
   ~Connection() { srv_->forget(this); }
 
   asio::any_io_executor executor() { return sock_.get_executor(); }
@@ -311,8 +260,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     head.has_body = parser_->chunked() || (length && *length > 0);
     keep_alive_ = parser_->keep_alive() && !srv_->stopping;
     version_ = head.version;
-    if (head.target.empty() || head.target[0] != '/')
-      return fail(400, "the request target must be an absolute path (origin-form)", "invalid_request");
+    if (auto e = head_error(head)) return fail(e->status, e->message, e->code);
     std::optional<HttpResponse> early;
     try {
       if (srv_->handlers.on_head) early = srv_->handlers.on_head(head);
@@ -372,20 +320,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return fail(408, phase_ == Phase::Header ? "timed out reading the request header" : "timed out reading the request body",
                   "request_timeout");
     }
-    if (ec == http::error::header_limit || (ec == http::error::buffer_overflow && phase_ == Phase::Header)) {
-      const bool count = parser_ && parser_->too_many_headers;
-      return fail(431,
-                  count ? "too many request header fields (limit " + std::to_string(lim_.max_headers) + ")"
-                        : "request header too large (limit " + std::to_string(lim_.max_header_bytes) + " bytes)",
-                  "request_header_fields_too_large");
-    }
-    if (ec == http::error::body_limit)
-      return fail(413, "request body exceeds " + std::to_string(lim_.max_body_bytes) + " bytes", "request_too_large");
-    // The client closed (or reset) the connection: there is nobody to answer.
-    if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == http::error::short_read ||
-        ec.category() != http::make_error_code(http::error::bad_method).category())
-      return close();
-    return fail(400, "malformed HTTP request (" + ec.message() + ")", "invalid_request");
+    if (auto e = read_error_answer(ec, phase_ == Phase::Header, parser_ && parser_->too_many_headers, lim_))
+      return fail(e->status, e->message, e->code);
+    return close();  // the client closed (or reset) the connection: there is nobody to answer
   }
 
   // An error response, then the connection closes (lingering).
@@ -564,12 +501,6 @@ class ExchangeImpl final : public Exchange {
 };
 
 }  // namespace
-
-std::string HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers)
-    if (iequals(k, name)) return v;
-  return "";
-}
 
 void HttpServer::Impl::forget(Connection* c) {
   std::lock_guard<std::mutex> lock(mu);
