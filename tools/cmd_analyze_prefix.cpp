@@ -76,7 +76,7 @@ void print_truth_comparison(const an::GroundTruth& g, const an::Report& est, boo
     }
     j["ground_truth"]["causes"] = std::move(rows);
     j["analyzer"] = an::report_json(est);
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   std::printf("Ground truth: the same traffic generated again without each cause (in the analyzer's order), the same cache\n"
