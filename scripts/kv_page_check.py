@@ -124,9 +124,16 @@ def main():
     port = free_port()
     srv = subprocess.Popen([a.kvpack, "serve", "-m", a.model, "--port", str(port), "--api-key", KEY, "--kv-cold", "host:64M",
                             "-t", "1", "-q"], stderr=subprocess.PIPE, text=True)
-    line = srv.stderr.readline()
-    if "serving" not in line:
-        print("FAIL: the server did not start:", line, srv.stderr.read())
+    seen = []
+    for _ in range(50):  # start-up notes (chat template, calibration) come before the "serving" line
+        line = srv.stderr.readline()
+        seen.append(line)
+        if not line or "serving" in line:
+            break
+    if "serving" not in seen[-1]:
+        srv.kill()
+        srv.wait()
+        print("FAIL: the server did not start:", "".join(seen))
         return 1
     threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()  # drain
     base = f"http://127.0.0.1:{port}"
