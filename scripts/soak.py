@@ -109,6 +109,13 @@ class Api:
             out[name] = float(value)
             if "{" in name:  # labelled series are also summed under the bare name
                 out[base + "{*}"] = out.get(base + "{*}", 0.0) + float(value)
+        # The request counters have vLLM's names (with a model_name label); the checks below use these.
+        out["kvpack_requests_running"] = out.get("vllm:num_requests_running{*}", 0.0)
+        out["kvpack_requests_waiting"] = out.get("vllm:num_requests_waiting{*}", 0.0)
+        out["kvpack_generated_tokens_total"] = out.get("vllm:generation_tokens_total{*}", 0.0)
+        aborted = sum(v for k, v in out.items() if k.startswith("vllm:request_success_total{") and 'finished_reason="abort"' in k)
+        out["kvpack_requests_cancelled_total"] = aborted
+        out["kvpack_requests_finished_total"] = out.get("vllm:request_success_total{*}", 0.0) - aborted
         return out
 
 
