@@ -307,8 +307,7 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   st.completion_tokens = s->n_generated;
   if (s->kv) st.kv_pages_in_use = s->comp ? s->comp->accounted_pages(*s->kv) : s->kv->pages_held();
   if (s->first_token_done()) st.decode_seconds = now_s() - s->t_first_token;
-  st.compression = s->comp_before;
-  if (s->comp) st.compression.add(s->comp->stats());
+  st.compression = s->compression_so_far();
   finished_compression_.add(st.compression);
   if (s->comp || st.compression.events > 0) finished_by_policy_[compress::policy_name(s->req.kv.policy)].add(st.compression);
   if (s->evicted) {
@@ -554,27 +553,24 @@ bool Scheduler::step() {
 
 void Scheduler::publish_metrics() {
   const kv::KvUsage u = kv_->usage();
+  // Totals and the per-policy split from one pass (a swapped-out sequence keeps its compressor: counted too).
   compress::CompressionStats cs = finished_compression_;
-  for (auto& s : running_) {
-    if (s->comp) cs.add(s->comp->stats());
-    cs.add(s->comp_before);
-  }
-  for (auto& s : waiting_) cs.add(s->comp_before);
   std::map<std::string, compress::CompressionStats> by_policy = finished_by_policy_;
   for (const auto* q : {&running_, &waiting_})
     for (auto& s : *q) {
-      compress::CompressionStats one = s->comp_before;
-      if (s->comp) one.add(s->comp->stats());
+      const compress::CompressionStats one = s->compression_so_far();
+      cs.add(one);
       if (s->comp || one.events > 0) by_policy[compress::policy_name(s->req.kv.policy)].add(one);
     }
   kv::EvictedStats ev = finished_evicted_;
   for (const auto* q : {&running_, &waiting_})
     for (auto& s : *q)
       if (s->evicted) ev.add(s->evicted->stats());
-  // The KV map, outside the lock (only this thread writes it; readers copy it under mu_ below). Also
+  // The KV map, outside the lock (only this thread writes kv_map_, so it reads it unlocked; readers copy
+  // it under mu_ below). Also
   // rebuilt once the batch empties, so an idle server's map is not the last busy step's.
   KvMapSnapshot map;
-  const bool rebuild_map = want_kv_map_.exchange(false) || (running_.empty() && waiting_.empty() && !kv_map_sequences_empty());
+  const bool rebuild_map = want_kv_map_.exchange(false) || (running_.empty() && waiting_.empty() && !kv_map_.sequences.empty());
   if (rebuild_map) build_kv_map(map);
   std::lock_guard<std::mutex> lock(mu_);
   if (rebuild_map) kv_map_ = std::move(map);
@@ -625,8 +621,7 @@ void Scheduler::build_kv_map(KvMapSnapshot& m) const {
     q.computed = s.n_computed;
     q.policy = compress::policy_name(s.req.kv.policy);
     q.budget = s.req.kv.enabled() ? s.req.kv.budget : 0;
-    compress::CompressionStats cs = s.comp_before;
-    if (s.comp) cs.add(s.comp->stats());
+    const compress::CompressionStats cs = s.compression_so_far();
     q.compactions = cs.events;
     q.evicted_tokens = streams > 0 ? cs.evicted_slots / streams : 0;
     q.recalled_pages = cs.recall.pages_recalled;
@@ -651,11 +646,6 @@ void Scheduler::build_kv_map(KvMapSnapshot& m) const {
   };
   for (const auto& s : running_) add(*s, s->n_computed < s->n_prompt ? "prefill" : "decode");
   for (const auto& s : waiting_) add(*s, s->swapped ? "swapped" : "waiting");
-}
-
-bool Scheduler::kv_map_sequences_empty() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return kv_map_.sequences.empty();
 }
 
 KvMapSnapshot Scheduler::kv_map() {

@@ -165,7 +165,6 @@ class Scheduler {
   void emit_token(Sequence& s, int32_t token);
   void publish_metrics();
   void build_kv_map(KvMapSnapshot& out) const;
-  bool kv_map_sequences_empty() const;
   void loop();
 
   Engine* engine_;

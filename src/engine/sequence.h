@@ -50,6 +50,12 @@ struct Sequence {
 
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
   bool first_token_done() const { return t_first_token > 0; }
+  // Compression figures of every incarnation so far (earlier ones + the live compressor).
+  compress::CompressionStats compression_so_far() const {
+    compress::CompressionStats c = comp_before;
+    if (comp) c.add(comp->stats());
+    return c;
+  }
 };
 
 }  // namespace kvpack
