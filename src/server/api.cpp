@@ -461,6 +461,29 @@ std::string openai_finish_reason(FinishReason r) {
   return finish_reason_name(r);
 }
 
+Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_streams) {
+  Usage u{st.prompt_tokens, st.completion_tokens, st.cached_tokens};
+  u.preemptions = st.preemptions;
+  u.swap_outs = st.swap_outs;
+  u.recomputes = st.recomputes;
+  u.cached_tokens_cold = st.cached_tokens_cold;
+  u.peak_kv_bytes = st.peak_kv_pages * page_bytes;
+  u.final_kv_bytes = st.kv_pages_in_use * page_bytes;
+  u.evicted_tokens = kv_streams > 0 ? st.compression.evicted_slots / kv_streams : 0;
+  u.compactions = st.compression.events;
+  u.evicted_cold_pages = st.evicted.pages_written;
+  u.evicted_cold_bytes = static_cast<int64_t>(st.evicted.bytes_written);
+  u.recalled_pages = st.compression.recall.pages_recalled;
+  u.recall_bytes_read = static_cast<int64_t>(st.compression.recall.bytes_read);
+  u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
+  u.swap_ins = st.swap_ins;
+  u.freed_pages = st.compression.freed_pages;
+  u.compaction_seconds = st.compression.seconds;
+  u.queue_seconds = st.queue_seconds;
+  u.ttft_seconds = st.queue_seconds + st.prefill_seconds;
+  return u;
+}
+
 json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},

@@ -116,6 +116,8 @@ struct Usage {
 // Scheduler finish reasons → OpenAI's: eos / stop string → "stop"; max_tokens / context → "length".
 std::string openai_finish_reason(FinishReason r);
 
+// The usage figures of a finished request (page_bytes: bytes per KV page; kv_streams: layers x KV heads).
+Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_streams);
 json usage_json(const Usage& u);
 // The logprobs object of a choice, in the endpoint's shape. Chat: {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}. Completions (legacy):

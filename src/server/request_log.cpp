@@ -67,24 +67,24 @@ std::string utc_now_iso8601() {
 
 nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent& ev) {
   const RequestStats& st = ev.stats;
-  const compress::CompressionStats& c = st.compression;
+  const Usage u = usage_from_stats(st, ctx.page_bytes, ctx.kv_streams);  // the same figures as the response's usage
   const bool started = st.completion_tokens > 0;
   nlohmann::json kv = {
-      {"peak_hot_bytes", st.peak_kv_pages * ctx.page_bytes},
-      {"final_hot_bytes", st.kv_pages_in_use * ctx.page_bytes},
-      {"cold_evicted_pages", st.evicted.pages_written},
-      {"cold_evicted_bytes", st.evicted.bytes_written},
-      {"evicted_tokens", ctx.kv_streams > 0 ? c.evicted_slots / ctx.kv_streams : 0},
-      {"freed_pages", c.freed_pages},
-      {"compactions", c.events},
-      {"compaction_s", c.seconds},
-      {"recalled_pages", c.recall.pages_recalled},
-      {"recall_bytes_read", c.recall.bytes_read},
-      {"drift", c.recall.checks > 0 ? nlohmann::json(c.recall.drift_max) : nlohmann::json(nullptr)},
-      {"preemptions", st.preemptions},
-      {"swap_outs", st.swap_outs},
-      {"swap_ins", st.swap_ins},
-      {"recomputes", st.recomputes},
+      {"peak_hot_bytes", u.peak_kv_bytes},
+      {"final_hot_bytes", u.final_kv_bytes},
+      {"cold_evicted_pages", u.evicted_cold_pages},
+      {"cold_evicted_bytes", u.evicted_cold_bytes},
+      {"evicted_tokens", u.evicted_tokens},
+      {"freed_pages", u.freed_pages},
+      {"compactions", u.compactions},
+      {"compaction_s", u.compaction_seconds},
+      {"recalled_pages", u.recalled_pages},
+      {"recall_bytes_read", u.recall_bytes_read},
+      {"drift", u.drift < 0 ? nlohmann::json(nullptr) : nlohmann::json(u.drift)},
+      {"preemptions", u.preemptions},
+      {"swap_outs", u.swap_outs},
+      {"swap_ins", u.swap_ins},
+      {"recomputes", u.recomputes},
   };
   nlohmann::json line = {
       {"ts", utc_now_iso8601()},
@@ -102,8 +102,8 @@ nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent
   line["completion_tokens"] = st.completion_tokens;
   line["policy"] = ctx.policy;
   line["budget"] = ctx.budget;
-  line["queue_s"] = st.queue_seconds;
-  line["ttft_s"] = started ? nlohmann::json(st.queue_seconds + st.prefill_seconds) : nlohmann::json(nullptr);
+  line["queue_s"] = u.queue_seconds;
+  line["ttft_s"] = started ? nlohmann::json(u.ttft_seconds) : nlohmann::json(nullptr);
   line["e2e_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx.received).count();
   line["kv"] = std::move(kv);
   if (!ctx.request.is_null()) line["request"] = ctx.request;

@@ -30,28 +30,7 @@ ApiError make_error(int status, std::string message, std::string type, std::stri
 }  // namespace
 
 Usage Server::usage_of(const RequestEvent& ev) const {
-  const RequestStats& st = ev.stats;
-  Usage u{st.prompt_tokens, st.completion_tokens, st.cached_tokens};
-  u.preemptions = st.preemptions;
-  u.swap_outs = st.swap_outs;
-  u.recomputes = st.recomputes;
-  u.cached_tokens_cold = st.cached_tokens_cold;
-  const int64_t page = static_cast<int64_t>(ctx_page_bytes_);
-  u.peak_kv_bytes = st.peak_kv_pages * page;
-  u.final_kv_bytes = st.kv_pages_in_use * page;
-  u.evicted_tokens = kv_streams_ > 0 ? st.compression.evicted_slots / kv_streams_ : 0;
-  u.compactions = st.compression.events;
-  u.evicted_cold_pages = st.evicted.pages_written;
-  u.evicted_cold_bytes = static_cast<int64_t>(st.evicted.bytes_written);
-  u.recalled_pages = st.compression.recall.pages_recalled;
-  u.recall_bytes_read = static_cast<int64_t>(st.compression.recall.bytes_read);
-  u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
-  u.swap_ins = st.swap_ins;
-  u.freed_pages = st.compression.freed_pages;
-  u.compaction_seconds = st.compression.seconds;
-  u.queue_seconds = st.queue_seconds;
-  u.ttft_seconds = st.queue_seconds + st.prefill_seconds;
-  return u;
+  return usage_from_stats(ev.stats, static_cast<int64_t>(ctx_page_bytes_), kv_streams_);
 }
 
 // A concurrency slot: held from admission until the request's last event has been handled (the
