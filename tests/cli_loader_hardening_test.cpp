@@ -30,8 +30,7 @@ TEST(CliLoaderHardening, HugeContextLengthGeneratesWithBoundedMemory) {
       test::gguf_with("cli_ctx.gguf", [](gguf::Writer& w) { w.set_u32("llama.context_length", 1u << 25); });
   // The same run on the unedited model first: sanitizer builds start at ~200 MB RSS on their own, so
   // the bound is relative to what the binary needs for this model at its real context length.
-  const auto base = run_kvpack("generate -m " + test::gguf_with("cli_ctx_base.gguf", [](gguf::Writer&) {}) +
-                               " -n 8 -p Once --temp 0");
+  const auto base = run_kvpack("generate -m " + test::shared_path("models/stories260K.gguf") + " -n 8 -p Once --temp 0");
   ASSERT_TRUE(WIFEXITED(base.status) && WEXITSTATUS(base.status) == 0) << base.err;
   const long base_peak = children_peak_rss_bytes();  // the max over children so far: the baseline run
   const auto r = run_kvpack("generate -m " + path + " -n 8 -p Once --temp 0");
