@@ -5,15 +5,25 @@
 # Reference data is read from ../shared (KVPACK_SHARED_DIR to override).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One line per phase with the seconds since the start, so a CI log says where the time went.
+phase() { echo "== test.sh [${SECONDS} s] $*"; }
+phase "install dependencies"
 scripts/install-deps.sh
 jobs=$(nproc)
 shared=${KVPACK_SHARED_DIR:-$(cd .. && pwd)/shared}
 # KVPACK_BUILD_TESTS=ON explicitly: scripts/quickstart.sh configures the same build/ with tests OFF (cached)
+phase "optimised build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build -j"$jobs"
+phase "optimised tests"
 (cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVPACK_SANITIZE=ON -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
+# -O1 (not -O0): the sanitizers' usual trade-off; the numerics-heavy tests run several times faster and the
+# debug invariant checks (KVPACK_DEBUG_CHECKS, set by KVPACK_SANITIZE) stay on. No benchmarks: nothing tests them.
+phase "ASan + UBSan build"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DKVPACK_SANITIZE=ON \
+      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" >/dev/null
 cmake --build build-asan -j"$jobs"
+phase "ASan + UBSan tests"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")
 # ThreadSanitizer: the scheduler, server and KV tests (the code with threads), built alone (-O1: TSan's
 # usual trade-off) so CI pays for those targets only; tests/tsan.supp lists documented false positives.
@@ -23,15 +33,20 @@ tsan_tests=$(ls tests/*_test.cpp | sed -n -E 's@^.*/((engine|server|kv)_[a-z0-9_
              grep -v -E '^engine_(reference|q4k_model|kv_types)_test$')
 cmake -S . -B build-tsan -DKVPACK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
       -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" >/dev/null
+phase "TSan build"
 # shellcheck disable=SC2086
 cmake --build build-tsan -j"$jobs" --target $tsan_tests
 supp="$(pwd)/tests/tsan.supp"
+phase "TSan tests"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$supp" \
    ctest --output-on-failure --no-tests=error -j"$jobs" -L '^(engine|kv|server)$' -E "${KVPACK_TSAN_EXCLUDE:-^$}")
 # Bounded fuzzing: every libFuzzer target (clang + ASan + UBSan) for a few seconds from its committed seeds,
 # which include the regression input of every crash found so far (docs/reliability.md has the long run).
+phase "fuzzing"
 scripts/fuzz.sh "${KVPACK_FUZZ_SECONDS:-8}"
 # Soak: 16 concurrent clients for 60 s against `kvpack serve` (every response checked against its solo run,
 # pages / counters / RSS / fds / threads at the end; ~75 s in all); the full version is 64 clients for 10
 # minutes (docs/reliability.md). A 2 MiB cold tier fills within the 30-s warm-up, so RSS is flat after it.
+phase "soak"
 /usr/bin/python3 scripts/soak.py --binary build/kvpack --shared "$shared" --clients 16 --duration 60 --warmup 30 --kv-cold host:2M
+phase "done"
