@@ -74,9 +74,10 @@ uint64_t random_seed() {
 // Fields shared by both endpoints: sampling, limits, stop strings, streaming, KV extensions.
 void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   // Features we do not implement are refused rather than silently ignored.
-  if (const json* v = field(b, "n"); v && as_int(*v, "n", 1, 1 << 20) != 1) fail("only n = 1 is supported", "n");
+  // n: every choice runs in the same batch, so at most max_running of them.
+  if (const json* v = field(b, "n")) r.spec.n = static_cast<int32_t>(as_int(*v, "n", 1, ctx.limits.max_choices > 0 ? ctx.limits.max_choices : 128));
   if (const json* v = field(b, "best_of"); v && as_int(*v, "best_of", 1, 1 << 20) != 1)
-    fail("only best_of = 1 is supported", "best_of");
+    fail("only best_of = 1 is supported (n > 1 returns every choice)", "best_of");
   for (const char* k : {"logit_bias", "suffix", "tools", "functions"})
     if (const json* v = field(b, k); v && truthy(*v)) fail(std::string("'") + k + "' is not supported by this server", k);
   for (const char* k : {"presence_penalty", "frequency_penalty"})
@@ -478,6 +479,8 @@ Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_st
   u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
   u.swap_ins = st.swap_ins;
   u.freed_pages = st.compression.freed_pages;
+  u.pages_saved = st.fork_shared_pages;
+  u.shared_prompt_pages = st.fork_shared_pages;
   u.compaction_seconds = st.compression.seconds;
   u.queue_seconds = st.queue_seconds;
   u.ttft_seconds = st.queue_seconds + st.prefill_seconds;
@@ -504,9 +507,40 @@ json usage_json(const Usage& u) {
                           {"drift", u.drift},
                           {"swap_ins", u.swap_ins},
                           {"freed_pages", u.freed_pages},
+                          {"choices", u.choices},
+                          {"shared_prompt_pages", u.shared_prompt_pages},
+                          {"pages_saved_by_sharing", u.pages_saved},
                           {"compaction_seconds", u.compaction_seconds},
                           {"queue_seconds", u.queue_seconds},
                           {"ttft_seconds", u.ttft_seconds}}}};
+}
+
+Usage combine_usage(const std::vector<Usage>& per_choice) {
+  if (per_choice.empty()) return Usage{};
+  Usage u = per_choice.front();  // prompt, cache, queue and first-token figures: the request's
+  u.choices = static_cast<int32_t>(per_choice.size());
+  for (size_t i = 1; i < per_choice.size(); ++i) {
+    const Usage& c = per_choice[i];
+    u.completion_tokens += c.completion_tokens;
+    u.preemptions += c.preemptions;
+    u.swap_outs += c.swap_outs;
+    u.swap_ins += c.swap_ins;
+    u.recomputes += c.recomputes;
+    u.peak_kv_bytes += c.peak_kv_bytes;
+    u.final_kv_bytes += c.final_kv_bytes;
+    u.evicted_tokens += c.evicted_tokens;
+    u.compactions += c.compactions;
+    u.evicted_cold_pages += c.evicted_cold_pages;
+    u.evicted_cold_bytes += c.evicted_cold_bytes;
+    u.recalled_pages += c.recalled_pages;
+    u.recall_bytes_read += c.recall_bytes_read;
+    u.freed_pages += c.freed_pages;
+    u.compaction_seconds += c.compaction_seconds;
+    u.drift = std::max(u.drift, c.drift);
+    u.shared_prompt_pages = std::max(u.shared_prompt_pages, c.shared_prompt_pages);
+    u.pages_saved += c.pages_saved;
+  }
+  return u;
 }
 
 namespace {
@@ -549,20 +583,29 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& lps, const Tokeni
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u,
                          const json& logprobs) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-  if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  return completion_response(m, std::vector<ChoiceOut>{{text, finish_reason, logprobs}}, u);
+}
+
+json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, const Usage& u) {
+  json arr = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOut& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
+    if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    arr.push_back(std::move(choice));
+  }
   return json{{"id", m.id},
               {"object", m.chat ? "chat.completion" : "text_completion"},
               {"created", m.created},
               {"model", m.model},
-              {"choices", json::array({choice})},
+              {"choices", arr},
               {"usage", usage_json(u)}};
 }
 
 json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk,
-                  const json& logprobs) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+                  const json& logprobs, int32_t index) {
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
   if (m.chat) {
     json delta = json::object();
