@@ -153,13 +153,16 @@ TEST_F(ChoicesTest, GreedyChoicesEqualTheSoloRunAndShareThePromptPages) {
         }
         // Really shared: fewer pages than n solo runs (uncompressed: the shared prompt pages exactly once).
         EXPECT_LT(peak, n * solo_peak) << what;
-        if (pol == P::Full) EXPECT_LE(peak, n * solo_peak - saved) << what;
+        if (pol == P::Full) {
+          EXPECT_LE(peak, n * solo_peak - saved) << what;
+        }
         const SchedulerMetrics m = sched.metrics();
         EXPECT_EQ(m.forks, n - 1) << what;
         EXPECT_EQ(m.fork_pages_saved, saved) << what;
-        if (pol == P::Full && prefix && n == 4)
+        if (pol == P::Full && prefix && n == 4) {
           std::printf("n=4 full KV: peak %lld pages shared vs %lld for 4 solo runs (%lld saved by sharing)\n",
                       static_cast<long long>(peak), static_cast<long long>(4 * solo_peak), static_cast<long long>(saved));
+        }
       }
 }
 
