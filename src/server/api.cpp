@@ -78,7 +78,7 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   if (const json* v = field(b, "n")) r.spec.n = static_cast<int32_t>(as_int(*v, "n", 1, ctx.limits.max_choices > 0 ? ctx.limits.max_choices : 128));
   if (const json* v = field(b, "best_of"); v && as_int(*v, "best_of", 1, 1 << 20) != 1)
     fail("only best_of = 1 is supported (n > 1 returns every choice)", "best_of");
-  for (const char* k : {"logit_bias", "suffix", "tools", "functions"})
+  for (const char* k : {"logit_bias", "suffix", "functions"})
     if (const json* v = field(b, k); v && truthy(*v)) fail(std::string("'") + k + "' is not supported by this server", k);
   for (const char* k : {"presence_penalty", "frequency_penalty"})
     if (const json* v = field(b, k); v && as_number(*v, k, -2, 2) != 0)
@@ -255,6 +255,7 @@ ApiError bad_request(std::string message, std::string param, std::string code) {
 ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
   return guarded([&]() -> ParseResult {
     if (!b.is_object()) fail("the request body must be a JSON object");
+    if (const json* v = field(b, "tools"); v && truthy(*v)) fail("'tools' is a chat completions field", "tools");
     ParsedRequest r;
     parse_common(b, ctx, r);
     if (const json* v = field(b, "logprobs")) {  // an integer k; some clients send a boolean (true: k = 0)
@@ -306,12 +307,30 @@ ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
   });
 }
 
-ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
+ParseResult parse_chat_request(const json& b, const ApiContext& ctx, const jinja::Value* ordered) {
   return guarded([&]() -> ParseResult {
     if (!b.is_object()) fail("the request body must be a JSON object");
     ParsedRequest r;
     r.chat = true;
     parse_common(b, ctx, r);
+    // A field of the body for the template, in the client's key order when we have it.
+    const jinja::Value ob = ordered && ordered->is_object() ? *ordered : jinja::Value::parse(b.dump());
+    ChatOptions topts;
+    if (const json* v = field(b, "tools")) {
+      if (!v->is_array()) fail("'tools' must be a list of tool definitions", "tools");
+      for (const auto& t : *v)
+        if (!t.is_object()) fail("'tools' must be a list of objects ({\"type\": \"function\", \"function\": {...}})", "tools");
+      if (!v->empty()) {
+        if (ctx.chat == nullptr || !ctx.chat->uses_template())
+          fail("'tools' needs the model's own chat template to describe them, and this model has none", "tools");
+        topts.tools = ob.at("tools");
+      }
+    }
+    if (const json* v = field(b, "chat_template_kwargs")) {
+      if (!v->is_object()) fail("'chat_template_kwargs' must be an object (e.g. {\"enable_thinking\": false})", "chat_template_kwargs");
+      if (v->contains("messages")) fail("'chat_template_kwargs' cannot set 'messages'", "chat_template_kwargs");
+      topts.kwargs = ob.at("chat_template_kwargs");
+    }
     const json* lp = field(b, "logprobs");
     const bool want_lp = lp && as_bool(*lp, "logprobs");
     if (const json* v = field(b, "top_logprobs")) {
@@ -338,12 +357,20 @@ ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
       const json* c = field(x, "content");
       if (c) msg.content = content_text(*c, i);
       else if (msg.role != "assistant") fail(at + ".content is required", at + ".content");
+      // Tool calls and tool answers go to the template as given (it decides how they render).
+      const jinja::Value& om = ob.at("messages").at(i);
+      if (const json* tc = field(x, "tool_calls")) {
+        if (!tc->is_array()) fail(at + ".tool_calls must be a list", at + ".tool_calls");
+        msg.extra["tool_calls"] = om.at("tool_calls");
+      }
+      for (const char* k : {"tool_call_id", "name", "reasoning_content"})
+        if (const json* f = field(x, k)) msg.extra[k] = as_string(*f, (at + "." + k).c_str());
       msgs.push_back(std::move(msg));
     }
     if (ctx.chat) {
       std::string note;
       try {
-        r.spec.prompt = ctx.chat->tokens(msgs, &note);
+        r.spec.prompt = ctx.chat->tokens(msgs, &note, topts);
       } catch (const ChatRefused& e) {
         fail(e.what(), "messages");
       }
@@ -366,7 +393,9 @@ ParseResult parse_request_body(std::string_view body, bool chat, const ApiContex
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400 (found by fuzz_json_api)
     return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
   }
-  return chat ? parse_chat_request(j, ctx) : parse_completion_request(j, ctx);
+  if (!chat) return parse_completion_request(j, ctx);
+  jinja::Value ordered = jinja::Value::parse(body.begin(), body.end(), nullptr, false);  // valid: parsed above
+  return parse_chat_request(j, ctx, &ordered);
 }
 
 namespace {

@@ -76,7 +76,9 @@ struct ParsedRequest {
 
 using ParseResult = std::variant<ParsedRequest, ApiError>;
 ParseResult parse_completion_request(const json& body, const ApiContext& ctx);
-ParseResult parse_chat_request(const json& body, const ApiContext& ctx);
+// `ordered`: the same body with its objects' key order kept (parse_request_body passes it), so `tools` and
+// tool calls reach the template's tojson in the client's order; without it they come from `body` (sorted).
+ParseResult parse_chat_request(const json& body, const ApiContext& ctx, const jinja::Value* ordered = nullptr);
 // Parses a raw body (invalid JSON → 400) and dispatches on `chat`.
 ParseResult parse_request_body(std::string_view body, bool chat, const ApiContext& ctx);
 
