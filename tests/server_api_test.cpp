@@ -123,7 +123,10 @@ TEST_F(ApiTest, InvalidFieldsAre400WithTheParam) {
       {{{"prompt", "x"}, {"stop", 5}}, "stop"},
       {{{"prompt", "x"}, {"stop", {""}}}, "stop"},
       {{{"prompt", "x"}, {"stream", "yes"}}, "stream"},
-      {{{"prompt", "x"}, {"n", 2}}, "n"},
+      {{{"prompt", "x"}, {"n", 0}}, "n"},
+      {{{"prompt", "x"}, {"n", 1000}}, "n"},                                 // beyond max_choices (128 when unset)
+      {{{"prompt", "x"}, {"n", "two"}}, "n"},
+      {{{"prompt", "x"}, {"best_of", 2}}, "best_of"},
       {{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},                     // k <= 20
       {{{"prompt", "x"}, {"logprobs", "some"}}, "logprobs"},
       {{{"prompt", "x"}, {"top_logprobs", 2}}, "top_logprobs"},              // a chat field

@@ -274,7 +274,7 @@ TEST_F(FirstHourServerTest, KvBudgetAloneCompressesWithTheRecommendedPolicy) {
 }
 
 TEST_F(FirstHourServerTest, StillUnsupportedFieldsKeepTheirClear400) {
-  for (const auto& [k, v] : std::vector<std::pair<std::string, json>>{{"n", 2}, {"best_of", 2}, {"logit_bias", {{"1", 5}}}}) {
+  for (const auto& [k, v] : std::vector<std::pair<std::string, json>>{{"n", 0}, {"best_of", 2}, {"logit_bias", {{"1", 5}}}}) {
     json b = {{"prompt", "Once"}, {"max_tokens", 2}};
     b[k] = v;
     const Reply r = post("/v1/completions", b);

@@ -36,6 +36,20 @@ SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelCon
   scores_.resize(static_cast<size_t>(n_streams_));
 }
 
+// Every member is a value except the scorer (cloned) and the evicted sink (not shared: fork() clears it);
+// the per-event scratch is not state (candidates_ even points into scores_), so the copy starts it empty.
+SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
+    : ForwardObserver(o), cfg_(o.cfg_), mc_(o.mc_), qstats_(o.qstats_), prompt_len_(o.prompt_len_),
+      protected_prefix_(o.protected_prefix_), pool_(o.pool_), evicted_(nullptr), n_streams_(o.n_streams_),
+      stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
+      splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
+      samples_(o.samples_), recomputing_(o.recomputing_), fallen_back_(o.fallen_back_),
+      naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
+
+std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
+  return std::unique_ptr<SequenceCompressor>(new SequenceCompressor(*this));
+}
+
 void SequenceCompressor::prepare(kv::SequenceKv& kv, BatchItem& item) {
   if (cfg_.enabled() && needs_.key_mass) mass_.prepare(kv, item);
 }
@@ -102,6 +116,18 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
   recomputing_ = true;
   return tail;
+}
+
+int64_t SequenceCompressor::cow_pages(const kv::SequenceKv& kv) const {
+  if (!cfg_.enabled()) return 0;
+  const kv::PagePool& pool = kv.pool();
+  const size_t first = static_cast<size_t>(protected_prefix_ / pool.config().page_size);
+  int64_t n = 0;
+  for (int32_t s = 0; s < n_streams_; ++s) {
+    const auto table = kv.page_table(s);
+    for (size_t i = first; i < table.size(); ++i) n += pool.is_shared(table[i]) ? 1 : 0;
+  }
+  return n;
 }
 
 int64_t SequenceCompressor::accounted_pages(const kv::SequenceKv& kv) const {

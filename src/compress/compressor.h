@@ -53,6 +53,11 @@ class SequenceCompressor : public ForwardObserver {
                      ThreadPool* pool = nullptr);
 
   const CompressConfig& config() const { return cfg_; }
+  // A deep copy for a forked sequence (n > 1 choices sharing one prefill): the same schedule position,
+  // query window, key mass, scorer state, recall state and figures, so each child compresses exactly as
+  // a solo run of the same prompt would. The evicted sink is not copied (nullptr): the caller gives the
+  // child its own (kv::EvictedKv::fork).
+  std::unique_ptr<SequenceCompressor> fork() const;
   // Call before each forward of this sequence: sizes the key-mass buffer and points the batch item at it.
   void prepare(kv::SequenceKv& kv, BatchItem& item);
   // Call after each forward; compresses when the schedule says so. `prefill_done` marks the end of the
@@ -75,6 +80,9 @@ class SequenceCompressor : public ForwardObserver {
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
   int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
   const CompressionStats& stats() const { return stats_; }
+  // Pages an event may have to copy before writing (copy-on-write): shared pages past the protected
+  // prefix (a forked choice's prompt pages). The scheduler adds them to a compressing step's page need.
+  int64_t cow_pages(const kv::SequenceKv& kv) const;
   // The first `tokens` slots of every stream hold prompt blocks registered in (or attached from) the
   // prefix cache: never evicted (see protection()).
   void set_protected_prefix(int32_t tokens) { protected_prefix_ = tokens; }
@@ -94,6 +102,8 @@ class SequenceCompressor : public ForwardObserver {
   void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) override;
 
  private:
+  SequenceCompressor(const SequenceCompressor& o);  // fork()
+  SequenceCompressor& operator=(const SequenceCompressor&) = delete;
   int64_t live_total(const kv::SequenceKv& kv) const;
   // Protection of stream s: the config's, plus leading shared (prefix-cache) pages treated as sinks.
   Protection protection(const kv::SequenceKv& kv, int32_t s) const;

@@ -63,6 +63,9 @@ class Scorer {
   virtual ScorerNeeds needs() const = 0;
   // scores[s] = one score per slot of stream s, for every stream (scores has kv.n_streams() entries).
   virtual void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) = 0;
+  // A copy with the same state (some scorers carry state from event to event, e.g. TriSpan's running
+  // sums): a forked sequence (n > 1 choices) continues exactly as its parent would have.
+  virtual std::unique_ptr<Scorer> clone() const = 0;
 };
 
 // The scorer of cfg.policy (nullptr for policy full).

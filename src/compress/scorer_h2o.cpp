@@ -9,6 +9,7 @@ namespace {
 
 class H2OScorer final : public StreamwiseScorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<H2OScorer>(*this); }
   ScorerNeeds needs() const override { return {0, true, false}; }
 
  protected:

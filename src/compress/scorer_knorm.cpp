@@ -7,6 +7,7 @@ namespace {
 
 class KNormScorer final : public StreamwiseScorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<KNormScorer>(*this); }
   ScorerNeeds needs() const override { return {}; }
 
  protected:

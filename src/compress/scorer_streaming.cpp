@@ -7,6 +7,7 @@ namespace {
 
 class StreamingScorer final : public StreamwiseScorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<StreamingScorer>(*this); }
   ScorerNeeds needs() const override { return {}; }
 
  protected:

@@ -83,6 +83,7 @@ namespace {
 
 class TriAttentionScorer final : public Scorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<TriAttentionScorer>(*this); }
   TriAttentionScorer(const CompressConfig& cfg, const ModelConfig& model) : mc_(model), uniform_(cfg.split == BudgetSplit::Uniform) {}
   ScorerNeeds needs() const override { return {0, false, true}; }
 

@@ -58,6 +58,7 @@ bool same_positions(const kv::SequenceKv& kv, int32_t a, int32_t b) {
 
 class TriSpanScorer final : public Scorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<TriSpanScorer>(*this); }
   TriSpanScorer(const CompressConfig&, const ModelConfig& model) : mc_(model) {}
 
   ScorerNeeds needs() const override {

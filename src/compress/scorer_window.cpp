@@ -47,6 +47,7 @@ void snapkv_from_logits(std::span<const float> logits, int32_t w, int32_t n, int
 
 class WindowScorer final : public Scorer {
  public:
+  std::unique_ptr<Scorer> clone() const override { return std::make_unique<WindowScorer>(*this); }
   WindowScorer(const CompressConfig& cfg, const ModelConfig& model)
       : policy_(cfg.policy), window_keys_(cfg.effective_window()), mc_(model),
         scale_(1.0f / std::sqrt(static_cast<float>(model.head_dim))) {}

@@ -34,6 +34,11 @@ struct Request {
   // -1: no log-probabilities; k in [0, kMaxTopLogprobs]: each emitted token's log-probability and its
   // k most likely alternatives (RequestEvent::logprobs).
   int32_t logprobs = -1;
+  // Choices (OpenAI's `n`): the prompt is prefilled once and its KV pages are shared copy-on-write by n
+  // sequences, each with its own sampler (choice i seeded with choice_seed(sampling.seed, i)), stop
+  // strings and compressor; every event names its choice (RequestEvent::index) and every choice ends with
+  // its own Finished. 1 <= n <= SchedulerOptions::max_running.
+  int32_t n = 1;
 };
 
 // Why a request ended. Precedence when several hold after one token: end-of-generation token (Eos,
@@ -57,12 +62,16 @@ struct RequestStats {
   double decode_seconds = 0;     // first token → finish
   int64_t kv_pages_in_use = 0;   // pages held at the end (before they were freed)
   int64_t peak_kv_pages = 0;     // most pages held at once (naive demonstration: as a non-compacting allocator would)
+  // n > 1: full prompt pages this choice took by reference from choice 0 when it forked (0 for choice 0);
+  // summed over the choices: the pages sharing saved (Request::n).
+  int64_t fork_shared_pages = 0;
   compress::CompressionStats compression;
   kv::EvictedStats evicted;      // evicted slots kept in the cold tier (kv_cold_evicted)
 };
 
 struct RequestEvent {
   enum class Kind { Text, Finished } kind = Kind::Text;
+  int32_t index = 0;            // the choice this event belongs to (0 .. Request::n - 1)
   std::string text;             // Text: newly printable text
   std::vector<int32_t> tokens;  // Text: token ids produced with it
   // With Request::logprobs >= 0: one entry per emitted token, in order, on the event that first shows

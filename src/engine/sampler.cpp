@@ -7,6 +7,14 @@
 
 namespace kvpack {
 
+uint64_t choice_seed(uint64_t seed, int32_t index) {
+  if (index <= 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(index) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 Sampler::Sampler(const SamplingParams& p, int32_t n_vocab) : p_(p), state_(p.seed ^ 0x9e3779b97f4a7c15ull) {
   cand_.reserve(static_cast<size_t>(n_vocab));
   cand_.resize(static_cast<size_t>(n_vocab));

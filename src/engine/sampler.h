@@ -19,6 +19,11 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// The seed of choice `index` of a request with n > 1 choices (OpenAI's `n`): choice 0 keeps `seed`, so
+// n = 1 and choice 0 of n = 4 give the same text; choice i > 0 takes a splitmix64 mix of (seed, i), so
+// every choice is reproducible run to run and equals a solo request sent with choice_seed(seed, i).
+uint64_t choice_seed(uint64_t seed, int32_t index);
+
 class Sampler {
  public:
   Sampler(const SamplingParams& p, int32_t n_vocab);

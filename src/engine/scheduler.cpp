@@ -72,6 +72,8 @@ uint64_t Scheduler::submit(Request req, EventSink sink) {
   if (req.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
   if (req.logprobs < -1 || req.logprobs > kMaxTopLogprobs)
     throw std::invalid_argument("logprobs must be -1 (off) or in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+  if (req.n < 1 || req.n > opt_.max_running)
+    throw std::invalid_argument("n must be in [1, " + std::to_string(opt_.max_running) + "] (the server's max running sequences)");
   auto s = std::make_unique<Sequence>();
   // Constructing the compressor validates the KV config (budget vs window, calibration present).
   s->comp = req.kv.enabled() ? std::make_unique<compress::SequenceCompressor>(req.kv, c, engine_->calibration(),
@@ -87,9 +89,11 @@ uint64_t Scheduler::submit(Request req, EventSink sink) {
   s->text = std::make_unique<TextStream>(s->req.stop);
   s->t_submit = now_s();
   s->stats.prompt_tokens = s->n_prompt;
+  s->fork_pending = s->req.n > 1;
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<int64_t>(incoming_.size()) + metrics_.waiting >= opt_.max_waiting) return 0;
   s->id = next_id_++;
+  s->family = s->id;
   s->arrival = s->id;
   const uint64_t id = s->id;
   incoming_.push_back(std::move(s));
@@ -113,11 +117,11 @@ void Scheduler::intake() {
     }
     cancels.swap(cancels_);
   }
-  for (uint64_t id : cancels) {
+  for (uint64_t id : cancels) {  // a request's id cancels all its choices
     for (auto& s : running_)
-      if (s->id == id) s->cancelled = true;
+      if (s->family == id) s->cancelled = true;
     for (auto& s : waiting_)
-      if (s->id == id) s->cancelled = true;
+      if (s->family == id) s->cancelled = true;
   }
   // Cancelled requests leave now: their pages go back before anything else is scheduled.
   auto drop_cancelled = [&](std::vector<std::unique_ptr<Sequence>>& v) {
@@ -143,17 +147,34 @@ int64_t Scheduler::projected_pages(const Sequence& s) const {
   return kv_->pages_for_slots(slots, s.comp != nullptr);
 }
 
+int64_t Scheduler::reserved_pages(const Sequence& s) const {
+  const int64_t own = projected_pages(s);
+  // A fork adds at least its copy of each stream's partly filled last page.
+  const int64_t floor = kv_->n_streams();
+  if (s.fork_pending) {
+    const int64_t prompt_full = static_cast<int64_t>(kv_->n_streams()) * (s.n_prompt / kv_->page_size());
+    return own + static_cast<int64_t>(s.req.n - 1) * (s.comp ? own : std::max(floor, own - prompt_full));
+  }
+  // An uncompressed choice keeps its shared prompt pages to the end; a compressing one copies what it
+  // compacts, so it is projected in full.
+  if (s.stats.fork_shared_pages > 0 && s.kv && !s.comp) return std::max(floor, own - s.stats.fork_shared_pages);
+  return own;
+}
+
 void Scheduler::admit() {
   int64_t reserved = 0;
-  for (const auto& s : running_) reserved += projected_pages(*s);
+  for (const auto& s : running_) reserved += reserved_pages(*s);
   // Waiting sequences in arrival order (preempted ones keep their original place).
   std::stable_sort(waiting_.begin(), waiting_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
   for (auto it = waiting_.begin(); it != waiting_.end() && static_cast<int32_t>(running_.size()) < opt_.max_running;) {
     Sequence& s = **it;
+    // A pending fork needs room for all its choices in the batch (submit keeps n <= max_running).
+    if (s.fork_pending && static_cast<int32_t>(running_.size()) + s.req.n > opt_.max_running && !running_.empty()) break;
     const int64_t need = projected_pages(s);
+    const int64_t need_all = reserved_pages(s);
     bool ok;
     if (opt_.reserve_admission) {
-      ok = reserved + need <= kv_->capacity() || running_.empty();
+      ok = reserved + need_all <= kv_->capacity() || running_.empty();
     } else {
       const int64_t prompt_pages = kv_->pages_for_slots(static_cast<int64_t>(s.tokens.size()), false);
       ok = kv_->free_pages() - prompt_pages >= static_cast<int64_t>(opt_.watermark * static_cast<double>(kv_->capacity())) ||
@@ -213,7 +234,7 @@ void Scheduler::admit() {
       metrics_.prompt_tokens += s.n_prompt;
     }
     s.admitted_step = step_no_;
-    reserved += need;
+    reserved += need_all;
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
   }
@@ -292,6 +313,7 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
     const std::string rest = s->text->flush();
     if (!rest.empty() && s->sink) {
       RequestEvent ev;
+      ev.index = s->choice;
       ev.text = rest;
       ev.logprobs.swap(s->pending_logprobs);
       s->sink(ev);
@@ -299,6 +321,7 @@ void Scheduler::finish(Sequence* s, FinishReason reason, const std::string& erro
   }
   RequestEvent ev;
   ev.kind = RequestEvent::Kind::Finished;
+  ev.index = s->choice;
   ev.logprobs.swap(s->pending_logprobs);  // tokens whose text was held back to the end (e.g. a stop string)
   ev.finish = reason;
   ev.error = error;
@@ -367,6 +390,7 @@ void Scheduler::emit_token(Sequence& s, int32_t token) {
   s.t_last_token = t;
   if (s.sink && !text.empty()) {
     RequestEvent ev;
+    ev.index = s.choice;
     ev.text = text;
     ev.tokens = {token};
     ev.logprobs.swap(s.pending_logprobs);
@@ -438,6 +462,7 @@ bool Scheduler::schedule(StepPlan& plan) {
       // Every token appends one slot to every stream; the end of the prompt may fire an event too.
       it.compress = s->comp && s->comp->schedule().fires(s->kv->total_slots() + static_cast<int64_t>(kv_->n_streams()) * n,
                                                            it.logits && s->n_generated == 0);
+      if (it.compress) need += s->comp->cow_pages(*s->kv);  // a forked choice copies shared pages it compacts
       plan.items.push_back(it);
     }
     if (kv_->can_allocate(need)) break;
@@ -457,7 +482,6 @@ bool Scheduler::schedule(StepPlan& plan) {
 
 void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
   const ModelConfig& c = engine_->model().config();
-  const Tokenizer& tok = engine_->model().tokenizer();
   const size_t V = static_cast<size_t>(c.n_vocab);
   done_.clear();
   for (const StepPlan::Item& item : plan.items) {
@@ -507,38 +531,98 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
         continue;
       }
     }
-    // Sample the next token from this sequence's logits.
+    // Sample the next token from this sequence's logits (n > 1: the other choices fork from it first).
     float* lg = logits.data() + static_cast<size_t>(item.logits_row) * V;
-    if (s.req.logprobs >= 0) s.raw_logits.assign(lg, lg + V);  // the sampler's penalty rewrites lg in place
-    const int32_t next = s.sampler->sample(lg, s.tokens);
-    if (s.req.max_tokens == 0) {
-      s.ending = FinishReason::Length;
-      done_.push_back(&s);
-      continue;
-    }
-    if (!s.req.ignore_eos && tok.is_eog(next)) {  // the end-of-generation token itself is not emitted
-      s.ending = FinishReason::Eos;
-      done_.push_back(&s);
-      continue;
-    }
-    s.tokens.push_back(next);
-    ++s.n_generated;
-    if (s.req.logprobs >= 0) s.pending_logprobs.push_back(token_logprob(s.raw_logits, next, s.req.logprobs));
-    const bool first = !s.first_token_done();
-    emit_token(s, next);
-    if (first) {
-      s.t_first_token = s.t_last_token;
-      s.stats.prefill_seconds = s.t_first_token - s.t_admitted;
-    }
-    if (s.text->stopped()) s.ending = FinishReason::Stop;
-    else if (s.n_generated >= s.req.max_tokens) s.ending = FinishReason::Length;
-    else if (static_cast<int64_t>(s.tokens.size()) >= c.n_ctx) s.ending = FinishReason::Context;
-    if (s.ending) done_.push_back(&s);
+    if (s.fork_pending) fork(s, lg);
+    sample_next(s, lg);
   }
   for (Sequence* s : done_) {
     finish(s, *s->ending);
     remove_running(s);
   }
+}
+
+void Scheduler::sample_next(Sequence& s, float* lg) {
+  const ModelConfig& c = engine_->model().config();
+  const Tokenizer& tok = engine_->model().tokenizer();
+  const size_t V = static_cast<size_t>(c.n_vocab);
+  if (s.req.logprobs >= 0) s.raw_logits.assign(lg, lg + V);  // the sampler's penalty rewrites lg in place
+  const int32_t next = s.sampler->sample(lg, s.tokens);
+  if (s.req.max_tokens == 0) {
+    s.ending = FinishReason::Length;
+    done_.push_back(&s);
+    return;
+  }
+  if (!s.req.ignore_eos && tok.is_eog(next)) {  // the end-of-generation token itself is not emitted
+    s.ending = FinishReason::Eos;
+    done_.push_back(&s);
+    return;
+  }
+  s.tokens.push_back(next);
+  ++s.n_generated;
+  if (s.req.logprobs >= 0) s.pending_logprobs.push_back(token_logprob(s.raw_logits, next, s.req.logprobs));
+  const bool first = !s.first_token_done();
+  emit_token(s, next);
+  if (first) {
+    s.t_first_token = s.t_last_token;
+    s.stats.prefill_seconds = s.t_first_token - s.t_admitted;
+  }
+  if (s.text->stopped()) s.ending = FinishReason::Stop;
+  else if (s.n_generated >= s.req.max_tokens) s.ending = FinishReason::Length;
+  else if (static_cast<int64_t>(s.tokens.size()) >= c.n_ctx) s.ending = FinishReason::Context;
+  if (s.ending) done_.push_back(&s);
+}
+
+void Scheduler::fork(Sequence& s, const float* lg) {
+  s.fork_pending = false;
+  const size_t V = static_cast<size_t>(engine_->model().config().n_vocab);
+  const int32_t reserve = static_cast<int32_t>(projected_pages(s) / kv_->n_streams() * kv_->page_size());
+  std::vector<float> row(V);
+  int64_t saved = 0;
+  for (int32_t i = 1; i < s.req.n; ++i) {
+    auto c = std::make_unique<Sequence>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c->id = next_id_++;  // its own uid: swap and evicted-record keys derive from it
+    }
+    c->family = s.family;
+    c->choice = i;
+    c->req = s.req;
+    c->req.sampling.seed = choice_seed(s.req.sampling.seed, i);
+    c->sink = s.sink;
+    c->kv = kv_->fork_sequence(*s.kv, reserve, &c->stats.fork_shared_pages);
+    if (s.evicted) c->evicted = s.evicted->fork(c->id);
+    if (s.comp) {
+      c->comp = s.comp->fork();
+      if (c->evicted) c->comp->set_evicted_sink(c->evicted.get());
+    }
+    c->sampler = std::make_unique<Sampler>(c->req.sampling, static_cast<int32_t>(V));
+    c->text = std::make_unique<TextStream>(c->req.stop);
+    c->tokens = s.tokens;
+    c->n_prompt = s.n_prompt;
+    c->n_computed = s.n_computed;
+    c->prev_token = s.prev_token;
+    c->registered_blocks = s.registered_blocks;  // the prompt's blocks are registered once, by choice 0
+    c->arrival = s.arrival;
+    c->admitted_step = s.admitted_step;
+    c->t_submit = s.t_submit;
+    c->t_admitted = s.t_admitted;
+    // The prompt's figures are the request's; preemption counts start at the fork (no double counting).
+    c->stats.prompt_tokens = s.stats.prompt_tokens;
+    c->stats.cached_tokens = s.stats.cached_tokens;
+    c->stats.cached_tokens_cold = s.stats.cached_tokens_cold;
+    c->stats.queue_seconds = s.stats.queue_seconds;
+    c->stats.peak_kv_pages = s.stats.peak_kv_pages;
+    c->comp_before = s.comp_before;
+    saved += c->stats.fork_shared_pages;
+    Sequence& child = *c;
+    running_.push_back(std::move(c));  // plan items and done_ hold raw pointers: they stay valid
+    std::copy(lg, lg + V, row.begin());
+    sample_next(child, row.data());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.forks += s.req.n - 1;
+  metrics_.fork_pages_saved += saved;
 }
 
 bool Scheduler::step() {

@@ -83,6 +83,9 @@ struct SchedulerMetrics {
   kv::ColdUsage cold;
   kv::EvictedStats evicted;        // evicted slots kept in the cold tier: totals; digest_bytes = held now
   int64_t recomputes = 0;          // preemptions (or lost swaps) that recomputed from text
+  // n > 1: choices forked from a prefilled prompt, and the full pages they took by reference instead of
+  // allocating (kvpack:kv_fork_pages_saved_total).
+  int64_t forks = 0, fork_pages_saved = 0;
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram swap_out{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};  // seconds per swap
@@ -130,7 +133,13 @@ class Scheduler {
 
   // Queues a request; returns its id, or 0 when the queue is full. Throws std::invalid_argument for
   // a request that can never run (empty prompt, prompt beyond the context, token ids out of range,
-  // bad KV config).
+  // bad KV config, n outside [1, max_running]).
+  // n > 1 (Request::n): choice 0 runs alone until its prompt is prefilled; then choices 1..n-1 fork from
+  // it (fork()): each takes every page by reference (copy-on-write: kv/sequence_kv.h share_from), a copy
+  // of its compressor state (and of its evicted cold records) and its own sampler, and samples its first
+  // token from the same logits. From then on every choice is an ordinary running sequence: preempted,
+  // swapped (shared pages stay hot, referenced by the swap handle), recomputed or compressed on its own,
+  // so each choice's output is what a solo request with its seed gives.
   uint64_t submit(Request req, EventSink sink);
   // Cancels a queued or running request (e.g. the client went away); its pages are freed at the
   // start of the next step and its sink gets Finished(Cancelled). Unknown ids are ignored.
@@ -163,6 +172,14 @@ class Scheduler {
   void remove_running(Sequence* s);
   int64_t projected_pages(const Sequence& s) const;
   void emit_token(Sequence& s, int32_t token);
+  // After `s`'s logits row `lg` is known at the end of its prefill: creates choices 1..n-1 (see submit),
+  // each sampling from its own copy of the row, before `s` samples (the sampler rewrites lg).
+  void fork(Sequence& s, const float* lg);
+  // Samples, emits and decides the ending of one sequence from its logits row (rewritten in place).
+  void sample_next(Sequence& s, float* lg);
+  // Pages admission reserves for `s`: its own projection, for a pending fork its n - 1 future choices
+  // too (the prompt's full pages counted once), for a forked choice without the pages it shares.
+  int64_t reserved_pages(const Sequence& s) const;
   void publish_metrics();
   void build_kv_map(KvMapSnapshot& out) const;
   void loop();

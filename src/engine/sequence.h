@@ -21,6 +21,9 @@ using EventSink = std::function<void(const RequestEvent&)>;
 
 struct Sequence {
   uint64_t id = 0;
+  uint64_t family = 0;          // the submitted request's id (= id for choice 0): cancel() ends all its choices
+  int32_t choice = 0;           // Request::n: which choice this sequence is
+  bool fork_pending = false;    // choice 0 of n > 1 until its prefill ends and choices 1..n-1 fork from it
   Request req;
   EventSink sink;
   std::unique_ptr<kv::SequenceKv> kv;             // null while waiting

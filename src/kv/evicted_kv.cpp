@@ -98,6 +98,25 @@ void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_
   }
 }
 
+std::unique_ptr<EvictedKv> EvictedKv::fork(uint64_t uid) const {
+  if (!staged_.empty()) throw std::logic_error("EvictedKv::fork: records are staged");
+  auto c = std::make_unique<EvictedKv>(*tier_, *pool_, uid, n_streams());
+  c->streams_ = streams_;
+  c->stats_ = stats_;
+  std::vector<uint8_t> rec(pool_->record_bytes());
+  for (Stream& st : c->streams_)
+    for (EvictedPage& p : st.pages) {
+      const uint64_t from = p.key;
+      p.key = evicted_key(uid, c->next_record_++);
+      if (p.lost) continue;
+      if (!tier_->get(from, rec) || !tier_->put(p.key, rec)) {
+        p.lost = true;
+        ++c->stats_.pages_lost;
+      }
+    }
+  return c;
+}
+
 void EvictedKv::commit() {
   if (staged_.empty()) return;
   const size_t record = pool_->record_bytes();

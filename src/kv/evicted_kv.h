@@ -21,6 +21,7 @@
 // Thread-safety: one owner (the sequence's thread); the tier is thread-safe.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -58,6 +59,10 @@ class EvictedKv {
   EvictedKv(const EvictedKv&) = delete;
   EvictedKv& operator=(const EvictedKv&) = delete;
 
+  // A copy for a forked sequence `uid` (n > 1 choices of one prefill): the same pages, digests and
+  // figures, each live record copied in the tier under the child's keys (a record the tier no longer has,
+  // or refuses, is lost in the copy only). Nothing may be staged (call between events).
+  std::unique_ptr<EvictedKv> fork(uint64_t uid) const;
   // Stages the slots of `stream` that `keep` (strictly increasing slot indices of kv's stream) leaves out:
   // call right before kv.compact_stream(stream, keep). Records go to the tier at commit().
   void add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep);

@@ -145,6 +145,13 @@ std::unique_ptr<SequenceKv> KvManager::new_sequence(int32_t reserve_slots) {
   return kv;
 }
 
+std::unique_ptr<SequenceKv> KvManager::fork_sequence(const SequenceKv& parent, int32_t reserve_slots, int64_t* shared_full_pages) {
+  auto kv = new_sequence(reserve_slots);
+  const int64_t full = kv->share_from(parent);
+  if (shared_full_pages) *shared_full_pages = full;
+  return kv;
+}
+
 int32_t KvManager::attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold) {
   return cache_.attach(kv, tokens, salt, from_cold);
 }

@@ -73,6 +73,9 @@ class KvManager {
   // An empty sequence whose page tables are sized for `reserve_slots` slots per stream (decode then
   // allocates no heap memory).
   std::unique_ptr<SequenceKv> new_sequence(int32_t reserve_slots = 0);
+  // A sequence holding `parent`'s pages by reference (SequenceKv::share_from: copy-on-write from then
+  // on); *shared_full_pages = the full pages it did not have to allocate. Takes no page from the pool.
+  std::unique_ptr<SequenceKv> fork_sequence(const SequenceKv& parent, int32_t reserve_slots, int64_t* shared_full_pages = nullptr);
 
   // Prefix cache. attach: the longest cached prefix of `tokens` (whole blocks, leaving one token to
   // compute) into the empty `kv`; returns the tokens reused. register_blocks: the first n_blocks full

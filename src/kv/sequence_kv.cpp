@@ -30,6 +30,7 @@ int64_t SequenceKv::pages_needed(int32_t n) const {
     const int64_t have = static_cast<int64_t>(s.pages.size());
     const int64_t want = (static_cast<int64_t>(s.n_slots) + n + ps - 1) / ps;
     need += std::max<int64_t>(0, want - have);
+    if (n > 0 && s.n_slots % ps != 0 && pool_->is_shared(s.pages.back())) ++need;  // copy-on-write (append)
   }
   return need;
 }
@@ -255,6 +256,26 @@ void SequenceKv::attach_shared_block(std::span<const PageId> pages_per_stream, i
     s.n_slots += ps;
   }
   next_pos_ = std::max(next_pos_, pos0 + ps);
+}
+
+int64_t SequenceKv::share_from(const SequenceKv& parent) {
+  if (parent.pool_ != pool_ || parent.streams_.size() != streams_.size()) throw std::logic_error("share_from: other pool or shape");
+  if (pages_held() != 0) throw std::logic_error("share_from: sequence is not empty");
+  const int32_t ps = pool_->config().page_size;
+  int64_t full = 0;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    const Stream& from = parent.streams_[i];
+    Stream& s = streams_[i];
+    for (PageId p : from.pages) {
+      pool_->retain(p);
+      s.pages.push_back(p);
+      s.page_ptrs.push_back(pool_->data(p));
+    }
+    s.n_slots = from.n_slots;
+    full += from.n_slots / ps;
+  }
+  next_pos_ = parent.next_pos_;
+  return full;
 }
 
 bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots) {

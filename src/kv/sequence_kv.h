@@ -35,7 +35,8 @@ class SequenceKv {
   // Sizes every stream's page table for `slots` slots, so that appends up to that length allocate no
   // heap memory (the decode hot path): 12 bytes per page per stream, no KV pages are taken.
   void reserve_slots(int32_t slots);
-  // Pages `append(n)` would take from the pool (admission control).
+  // Pages `append(n)` would take from the pool (admission control), the private copy of a shared,
+  // partly filled last page included (a forked sequence's first append).
   int64_t pages_needed(int32_t n) const;
 
   int32_t n_slots(int32_t stream) const { return streams_[static_cast<size_t>(stream)].n_slots; }
@@ -75,6 +76,13 @@ class SequenceKv {
   // existing pages (pages_per_stream[stream], e.g. from the prefix cache) instead of computing them.
   // Every stream must be at a page boundary. Retains each page (it is read-only while shared).
   void attach_shared_block(std::span<const PageId> pages_per_stream, int32_t pos0);
+  // Fork (n > 1 choices of one prompt): this empty sequence takes every page of `parent` by reference
+  // (refcount + 1 each), with its slot counts and next position. The pages are then shared, hence
+  // read-only for both: append copies a partly filled last page before writing into it, compaction and
+  // recall copy the first page they would modify (copy-on-write), and a sequence's end releases only
+  // its own references. Returns the full pages taken by reference (the partly filled last pages of the
+  // streams are copied on the first append, so they save nothing).
+  int64_t share_from(const SequenceKv& parent);
   // The page of `stream` holding slots [block * page_size, (block + 1) * page_size).
   PageId block_page(int32_t stream, int32_t block) const { return streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(block)]; }
 

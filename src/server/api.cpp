@@ -74,10 +74,11 @@ uint64_t random_seed() {
 // Fields shared by both endpoints: sampling, limits, stop strings, streaming, KV extensions.
 void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
   // Features we do not implement are refused rather than silently ignored.
-  if (const json* v = field(b, "n"); v && as_int(*v, "n", 1, 1 << 20) != 1) fail("only n = 1 is supported", "n");
+  // n: every choice runs in the same batch, so at most max_running of them.
+  if (const json* v = field(b, "n")) r.spec.n = static_cast<int32_t>(as_int(*v, "n", 1, ctx.limits.max_choices > 0 ? ctx.limits.max_choices : 128));
   if (const json* v = field(b, "best_of"); v && as_int(*v, "best_of", 1, 1 << 20) != 1)
-    fail("only best_of = 1 is supported", "best_of");
-  for (const char* k : {"logit_bias", "suffix", "tools", "functions"})
+    fail("only best_of = 1 is supported (n > 1 returns every choice)", "best_of");
+  for (const char* k : {"logit_bias", "suffix", "functions"})
     if (const json* v = field(b, k); v && truthy(*v)) fail(std::string("'") + k + "' is not supported by this server", k);
   for (const char* k : {"presence_penalty", "frequency_penalty"})
     if (const json* v = field(b, k); v && as_number(*v, k, -2, 2) != 0)
@@ -254,6 +255,7 @@ ApiError bad_request(std::string message, std::string param, std::string code) {
 ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
   return guarded([&]() -> ParseResult {
     if (!b.is_object()) fail("the request body must be a JSON object");
+    if (const json* v = field(b, "tools"); v && truthy(*v)) fail("'tools' is a chat completions field", "tools");
     ParsedRequest r;
     parse_common(b, ctx, r);
     if (const json* v = field(b, "logprobs")) {  // an integer k; some clients send a boolean (true: k = 0)
@@ -305,12 +307,30 @@ ParseResult parse_completion_request(const json& b, const ApiContext& ctx) {
   });
 }
 
-ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
+ParseResult parse_chat_request(const json& b, const ApiContext& ctx, const jinja::Value* ordered) {
   return guarded([&]() -> ParseResult {
     if (!b.is_object()) fail("the request body must be a JSON object");
     ParsedRequest r;
     r.chat = true;
     parse_common(b, ctx, r);
+    // A field of the body for the template, in the client's key order when we have it.
+    const jinja::Value ob = ordered && ordered->is_object() ? *ordered : jinja::Value::parse(b.dump());
+    ChatOptions topts;
+    if (const json* v = field(b, "tools")) {
+      if (!v->is_array()) fail("'tools' must be a list of tool definitions", "tools");
+      for (const auto& t : *v)
+        if (!t.is_object()) fail("'tools' must be a list of objects ({\"type\": \"function\", \"function\": {...}})", "tools");
+      if (!v->empty()) {
+        if (ctx.chat == nullptr || !ctx.chat->uses_template())
+          fail("'tools' needs the model's own chat template to describe them, and this model has none", "tools");
+        topts.tools = ob.at("tools");
+      }
+    }
+    if (const json* v = field(b, "chat_template_kwargs")) {
+      if (!v->is_object()) fail("'chat_template_kwargs' must be an object (e.g. {\"enable_thinking\": false})", "chat_template_kwargs");
+      if (v->contains("messages")) fail("'chat_template_kwargs' cannot set 'messages'", "chat_template_kwargs");
+      topts.kwargs = ob.at("chat_template_kwargs");
+    }
     const json* lp = field(b, "logprobs");
     const bool want_lp = lp && as_bool(*lp, "logprobs");
     if (const json* v = field(b, "top_logprobs")) {
@@ -337,12 +357,20 @@ ParseResult parse_chat_request(const json& b, const ApiContext& ctx) {
       const json* c = field(x, "content");
       if (c) msg.content = content_text(*c, i);
       else if (msg.role != "assistant") fail(at + ".content is required", at + ".content");
+      // Tool calls and tool answers go to the template as given (it decides how they render).
+      const jinja::Value& om = ob.at("messages").at(i);
+      if (const json* tc = field(x, "tool_calls")) {
+        if (!tc->is_array()) fail(at + ".tool_calls must be a list", at + ".tool_calls");
+        msg.extra["tool_calls"] = om.at("tool_calls");
+      }
+      for (const char* k : {"tool_call_id", "name", "reasoning_content"})
+        if (const json* f = field(x, k)) msg.extra[k] = as_string(*f, (at + "." + k).c_str());
       msgs.push_back(std::move(msg));
     }
     if (ctx.chat) {
       std::string note;
       try {
-        r.spec.prompt = ctx.chat->tokens(msgs, &note);
+        r.spec.prompt = ctx.chat->tokens(msgs, &note, topts);
       } catch (const ChatRefused& e) {
         fail(e.what(), "messages");
       }
@@ -365,7 +393,9 @@ ParseResult parse_request_body(std::string_view body, bool chat, const ApiContex
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400 (found by fuzz_json_api)
     return bad_request(std::string("invalid JSON: ") + e.what(), "", "invalid_json");
   }
-  return chat ? parse_chat_request(j, ctx) : parse_completion_request(j, ctx);
+  if (!chat) return parse_completion_request(j, ctx);
+  jinja::Value ordered = jinja::Value::parse(body.begin(), body.end(), nullptr, false);  // valid: parsed above
+  return parse_chat_request(j, ctx, &ordered);
 }
 
 namespace {
@@ -478,6 +508,8 @@ Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_st
   u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
   u.swap_ins = st.swap_ins;
   u.freed_pages = st.compression.freed_pages;
+  u.pages_saved = st.fork_shared_pages;
+  u.shared_prompt_pages = st.fork_shared_pages;
   u.compaction_seconds = st.compression.seconds;
   u.queue_seconds = st.queue_seconds;
   u.ttft_seconds = st.queue_seconds + st.prefill_seconds;
@@ -504,9 +536,40 @@ json usage_json(const Usage& u) {
                           {"drift", u.drift},
                           {"swap_ins", u.swap_ins},
                           {"freed_pages", u.freed_pages},
+                          {"choices", u.choices},
+                          {"shared_prompt_pages", u.shared_prompt_pages},
+                          {"pages_saved_by_sharing", u.pages_saved},
                           {"compaction_seconds", u.compaction_seconds},
                           {"queue_seconds", u.queue_seconds},
                           {"ttft_seconds", u.ttft_seconds}}}};
+}
+
+Usage combine_usage(const std::vector<Usage>& per_choice) {
+  if (per_choice.empty()) return Usage{};
+  Usage u = per_choice.front();  // prompt, cache, queue and first-token figures: the request's
+  u.choices = static_cast<int32_t>(per_choice.size());
+  for (size_t i = 1; i < per_choice.size(); ++i) {
+    const Usage& c = per_choice[i];
+    u.completion_tokens += c.completion_tokens;
+    u.preemptions += c.preemptions;
+    u.swap_outs += c.swap_outs;
+    u.swap_ins += c.swap_ins;
+    u.recomputes += c.recomputes;
+    u.peak_kv_bytes += c.peak_kv_bytes;
+    u.final_kv_bytes += c.final_kv_bytes;
+    u.evicted_tokens += c.evicted_tokens;
+    u.compactions += c.compactions;
+    u.evicted_cold_pages += c.evicted_cold_pages;
+    u.evicted_cold_bytes += c.evicted_cold_bytes;
+    u.recalled_pages += c.recalled_pages;
+    u.recall_bytes_read += c.recall_bytes_read;
+    u.freed_pages += c.freed_pages;
+    u.compaction_seconds += c.compaction_seconds;
+    u.drift = std::max(u.drift, c.drift);
+    u.shared_prompt_pages = std::max(u.shared_prompt_pages, c.shared_prompt_pages);
+    u.pages_saved += c.pages_saved;
+  }
+  return u;
 }
 
 namespace {
@@ -549,20 +612,29 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& lps, const Tokeni
 
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u,
                          const json& logprobs) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-  if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  return completion_response(m, std::vector<ChoiceOut>{{text, finish_reason, logprobs}}, u);
+}
+
+json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, const Usage& u) {
+  json arr = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOut& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
+    if (m.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    arr.push_back(std::move(choice));
+  }
   return json{{"id", m.id},
               {"object", m.chat ? "chat.completion" : "text_completion"},
               {"created", m.created},
               {"model", m.model},
-              {"choices", json::array({choice})},
+              {"choices", arr},
               {"usage", usage_json(u)}};
 }
 
 json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk,
-                  const json& logprobs) {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+                  const json& logprobs, int32_t index) {
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
   if (m.chat) {
     json delta = json::object();

@@ -6,8 +6,10 @@
 // stream_options.include_usage, logprobs (completions: an integer k; chat: a boolean with
 // top_logprobs k; k <= 20; streamed too), echo (completions), and these extensions: top_k,
 // repeat_penalty, ignore_eos, kv_policy, kv_budget (alone: the recommended policy), priority,
-// cache_salt. Fields that would silently change semantics if ignored (n > 1, best_of, echo together with
-// logprobs (prompt log-probabilities), non-zero presence/frequency penalties, logit_bias, tools) are
+// cache_salt, n (choices: one prefill, its KV pages shared copy-on-write; choice i > 0 samples with
+// choice_seed(seed, i)); chat also tools and chat_template_kwargs (into the chat template's context).
+// Fields that would silently change semantics if ignored (best_of, echo together with logprobs (prompt
+// log-probabilities), non-zero presence/frequency penalties, logit_bias, completions' tools) are
 // rejected with a 400 instead. Unknown fields are ignored, as OpenAI clients send many optional ones.
 // Omitted sampling fields take the engine's defaults (llama.cpp-like: temperature 0.8, top_k 40,
 // top_p 0.95, min_p 0.05); an omitted seed draws a fresh random one per request.
@@ -47,6 +49,7 @@ struct ApiLimits {
   int32_t max_tokens_limit = 0;      // largest max_tokens a request may ask for; 0: the context length
   int32_t default_max_tokens = 256;  // when a request gives none (clamped to the limit)
   int32_t max_stop = 16;             // stop strings per request
+  int32_t max_choices = 0;           // largest n; 0: the scheduler's max_running (all choices run in one batch)
 };
 
 // What the parser needs to know about the model and the server's configuration.
@@ -73,7 +76,9 @@ struct ParsedRequest {
 
 using ParseResult = std::variant<ParsedRequest, ApiError>;
 ParseResult parse_completion_request(const json& body, const ApiContext& ctx);
-ParseResult parse_chat_request(const json& body, const ApiContext& ctx);
+// `ordered`: the same body with its objects' key order kept (parse_request_body passes it), so `tools` and
+// tool calls reach the template's tojson in the client's order; without it they come from `body` (sorted).
+ParseResult parse_chat_request(const json& body, const ApiContext& ctx, const jinja::Value* ordered = nullptr);
 // Parses a raw body (invalid JSON → 400) and dispatches on `chat`.
 ParseResult parse_request_body(std::string_view body, bool chat, const ApiContext& ctx);
 
@@ -110,6 +115,10 @@ struct Usage {
   double drift = -1;                                        // the drift estimate's largest value (-1: not measured)
   int32_t swap_ins = 0;
   int64_t freed_pages = 0;                                  // pages compaction returned to the pool
+  // n > 1: the prompt's full pages the choices shared (taken by reference from choice 0), and the pages
+  // sharing saved (summed over choices 1..n-1: what n unshared prefills would have allocated more).
+  int64_t shared_prompt_pages = 0, pages_saved = 0;
+  int32_t choices = 1;
   double compaction_seconds = 0, queue_seconds = 0, ttft_seconds = 0;  // engine side
 };
 
@@ -119,6 +128,10 @@ std::string openai_finish_reason(FinishReason r);
 // The usage figures of a finished request (page_bytes: bytes per KV page; kv_streams: layers x KV heads).
 Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_streams);
 json usage_json(const Usage& u);
+// One request's usage from its choices' (n > 1; OpenAI counts the prompt once): prompt and cache figures
+// and queue / first-token times from choice 0, completion tokens and the KV event counts and bytes
+// summed over choices (a shared page counts in every choice's KV bytes), drift the largest.
+Usage combine_usage(const std::vector<Usage>& per_choice);
 // The logprobs object of a choice, in the endpoint's shape. Chat: {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}. Completions (legacy):
 // {"tokens", "token_logprobs", "top_logprobs": [{piece: logprob}], "text_offset"}; text_offset counts
@@ -127,10 +140,17 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& lps, const Tokeni
 // `logprobs`: null, or logprobs_json's object.
 json completion_response(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const Usage& u,
                          const json& logprobs = nullptr);
+// The same with several choices (n > 1), index = position in `choices`.
+struct ChoiceOut {
+  std::string text;
+  std::string finish_reason;
+  json logprobs;  // null or logprobs_json's object
+};
+json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, const Usage& u);
 // One streamed chunk: a text delta (finish_reason empty → null), or the closing chunk with its finish
 // reason. For chat, the first chunk (first_chunk) carries delta.role = "assistant".
 json stream_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, bool first_chunk,
-                  const json& logprobs = nullptr);
+                  const json& logprobs = nullptr, int32_t index = 0);
 // The extra last chunk of stream_options.include_usage: empty choices and the usage.
 json usage_chunk(const ResponseMeta& m, const Usage& u);
 std::string sse_event(const json& j);  // "data: <json>\n\n"

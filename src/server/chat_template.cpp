@@ -152,7 +152,7 @@ ChatRenderer::ChatRenderer(const std::string& jinja_template, const Tokenizer& t
     try {
       tmpl_ = std::make_shared<const jinja::Template>(jinja_template);
       std::string out, why;
-      if (!render_template(kProbe, false, out, why)) {
+      if (!render_template(kProbe, ChatOptions{}, false, out, why)) {
         tmpl_.reset();
         reason_ = "its tokenizer.chat_template does not render (" + why + ")";
       }
@@ -179,21 +179,35 @@ std::string ChatRenderer::mask(const std::string& content) const {
   return m;
 }
 
+jinja::Value ChatRenderer::mask_strings(const jinja::Value& v) const {
+  if (v.is_string()) return mask(v.get<std::string>());
+  if (!v.is_structured()) return v;
+  jinja::Value out = v;
+  for (auto it = out.begin(); it != out.end(); ++it) *it = mask_strings(*it);
+  return out;
+}
+
 // false (with the reason) for a render error that is ours to handle; RaisedError propagates as ChatRefused.
-bool ChatRenderer::render_template(const std::vector<ChatMessage>& msgs, bool masked, std::string& out,
-                                   std::string& why) const {
+bool ChatRenderer::render_template(const std::vector<ChatMessage>& msgs, const ChatOptions& opts, bool masked,
+                                   std::string& out, std::string& why) const {
+  auto value = [&](const jinja::Value& v) { return masked ? mask_strings(v) : v; };
   jinja::Value ctx = jinja::Value::object();
   jinja::Value ms = jinja::Value::array();
   for (const auto& m : msgs) {
     jinja::Value x = jinja::Value::object();
     x["role"] = m.role == "developer" ? "system" : m.role;
     x["content"] = masked ? mask(m.content) : m.content;
+    for (auto it = m.extra.begin(); it != m.extra.end(); ++it)
+      if (it.key() != "role" && it.key() != "content") x[it.key()] = value(it.value());
     ms.push_back(std::move(x));
   }
   ctx["messages"] = std::move(ms);
   ctx["bos_token"] = tok_->bos() >= 0 ? tok_->token_text(tok_->bos()) : "";
   ctx["eos_token"] = tok_->eos() >= 0 ? tok_->token_text(tok_->eos()) : "";
   ctx["add_generation_prompt"] = true;
+  if (!opts.tools.is_null()) ctx["tools"] = value(opts.tools);
+  for (auto it = opts.kwargs.begin(); it != opts.kwargs.end(); ++it)
+    if (it.key() != "messages") ctx[it.key()] = value(it.value());
   try {
     out = tmpl_->render(ctx);
     return true;
@@ -205,26 +219,26 @@ bool ChatRenderer::render_template(const std::vector<ChatMessage>& msgs, bool ma
   }
 }
 
-std::string ChatRenderer::text(const std::vector<ChatMessage>& msgs, std::string* note) const {
+std::string ChatRenderer::text(const std::vector<ChatMessage>& msgs, std::string* note, const ChatOptions& opts) const {
   std::string out, why;
-  if (tmpl_ && render_template(msgs, false, out, why)) return out;
+  if (tmpl_ && render_template(msgs, opts, false, out, why)) return out;
   if (tmpl_ && note) *note = "chat template failed (" + why + "); rendered with the built-in '" +
                              std::string(chat_format_name(fallback_)) + "' format";
   return render_chat_text(fallback_, msgs);
 }
 
-std::vector<int32_t> ChatRenderer::tokens(const std::vector<ChatMessage>& msgs, std::string* note) const {
+std::vector<int32_t> ChatRenderer::tokens(const std::vector<ChatMessage>& msgs, std::string* note, const ChatOptions& opts) const {
   auto fall_back = [&](const std::string& why) {
     if (note) *note = "chat template: " + why + "; rendered with the built-in '" + chat_format_name(fallback_) + "' format";
     return render_chat_tokens(fallback_, msgs, *tok_);
   };
   if (!tmpl_) return render_chat_tokens(fallback_, msgs, *tok_);
   std::string plain, masked, why;
-  if (!render_template(msgs, false, plain, why)) return fall_back(why);
-  bool any_control = false;
-  for (const auto& m : msgs) any_control |= mask(m.content) != m.content;
+  if (!render_template(msgs, opts, false, plain, why)) return fall_back(why);
+  bool any_control = mask_strings(opts.tools) != opts.tools || mask_strings(opts.kwargs) != opts.kwargs;
+  for (const auto& m : msgs) any_control |= mask(m.content) != m.content || mask_strings(m.extra) != m.extra;
   if (!any_control) masked = plain;
-  else if (!render_template(msgs, true, masked, why)) return fall_back(why);
+  else if (!render_template(msgs, opts, true, masked, why)) return fall_back(why);
   if (masked.size() != plain.size()) return fall_back("the template treats marker text in messages specially");
   for (size_t i = 0; i < plain.size(); ++i)
     if (masked[i] != plain[i] && masked[i] != '\x01')

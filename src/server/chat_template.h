@@ -32,6 +32,19 @@ const char* chat_format_name(ChatFormat f);
 struct ChatMessage {
   std::string role;  // system, user, assistant, tool (developer is treated as system)
   std::string content;
+  // More fields of the message for the model's template, as the request gave them: tool_calls (an
+  // assistant's calls), tool_call_id and name (a tool's answer), reasoning_content. The native formats
+  // ignore them.
+  jinja::Value extra = jinja::Value::object();
+};
+
+// What a request adds to the template's context besides messages, bos_token, eos_token and
+// add_generation_prompt (true), as llama.cpp and vLLM pass them: `tools` (the request's JSON array; absent
+// when null) and every key of chat_template_kwargs (e.g. Qwen3's enable_thinking), set last, so a kwarg
+// may override add_generation_prompt but never messages. The native formats ignore both.
+struct ChatOptions {
+  jinja::Value tools;                            // null: none
+  jinja::Value kwargs = jinja::Value::object();
 };
 
 // The rendered prompt as text (special markers written out), for logs and tests.
@@ -44,7 +57,7 @@ std::vector<std::string> chat_default_stops(ChatFormat f);
 // The model's own template, or the native fallback, chosen once per model.
 //
 // Special markers stay unforgeable with a template too: the template is rendered a second time with
-// every control-token text inside message content masked; control tokens are taken only where the
+// every control-token text inside message content (and inside tools, tool calls and kwargs) masked; control tokens are taken only where the
 // masked rendering still has them (so only where the template itself wrote them), and everything else
 // is tokenized with special-token parsing off. A template whose output depends on those characters in
 // a way the two renderings disagree about falls back to the native format for that request.
@@ -62,13 +75,15 @@ class ChatRenderer {
   // The prompt as text. Throws ChatRefused when the template raised an exception (raise_exception).
   // A template that fails on this conversation for another reason renders the fallback instead and
   // says why in *note (if given).
-  std::string text(const std::vector<ChatMessage>& msgs, std::string* note = nullptr) const;
-  std::vector<int32_t> tokens(const std::vector<ChatMessage>& msgs, std::string* note = nullptr) const;
+  std::string text(const std::vector<ChatMessage>& msgs, std::string* note = nullptr, const ChatOptions& opts = {}) const;
+  std::vector<int32_t> tokens(const std::vector<ChatMessage>& msgs, std::string* note = nullptr, const ChatOptions& opts = {}) const;
   std::vector<std::string> default_stops() const;
 
  private:
-  bool render_template(const std::vector<ChatMessage>& msgs, bool masked, std::string& out, std::string& why) const;
+  bool render_template(const std::vector<ChatMessage>& msgs, const ChatOptions& opts, bool masked, std::string& out,
+                       std::string& why) const;
   std::string mask(const std::string& content) const;
+  jinja::Value mask_strings(const jinja::Value& v) const;  // every string inside, masked (tools, tool calls)
 
   const Tokenizer* tok_;
   ChatFormat fallback_;

@@ -116,6 +116,8 @@ const ApiError kUnauthorized = make_error(401, "missing or invalid API key (expe
 // One generation request from submission to its last byte. Owned by its exchange (Exchange::keep), so
 // it lives exactly as long as the connection is answering it; everything but the constructor runs on
 // the connection's strand. The channel's notification posts drain() there.
+// n > 1: the events of all choices come through one channel, each naming its choice (RequestEvent::index);
+// the response (or the stream's end) waits for every choice's Finished, and the first failure ends all.
 struct Server::Generation : std::enable_shared_from_this<Generation> {
   Server* srv = nullptr;
   std::weak_ptr<Exchange> ex;
@@ -124,19 +126,26 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
   uint64_t id = 0;
   ResponseMeta meta;
   bool stream = false, include_usage = false;
-  bool first_chunk = true;
   bool done = false;  // answered, cancelled, or its client went away
-  std::string text;   // non-streamed: the completion so far
   bool logprobs = false;  // the request asked for log-probabilities
-  std::vector<TokenLogprob> lps;  // non-streamed: all of them so far
-  int64_t text_offset = 0;        // completions' text_offset of the next token (echoed prompt included)
-  std::string echo;               // completions with echo: the prompt text, sent first
+  std::string echo;       // completions with echo: the prompt text, sent first (in every choice)
+  struct Choice {
+    bool first_chunk = true;
+    bool finished = false;
+    std::string text;               // non-streamed: the completion so far
+    std::vector<TokenLogprob> lps;  // non-streamed: all of them so far
+    int64_t text_offset = 0;        // completions' text_offset of the next token (echoed prompt included)
+    std::string finish_reason;
+    Usage usage;
+  };
+  std::vector<Choice> choices;  // Request::n of them
+  int32_t n_finished = 0;
 
-  // A chunk's logprobs object (null when not asked for), advancing text_offset.
-  json chunk_logprobs(const std::vector<TokenLogprob>& v) {
+  // A chunk's logprobs object (null when not asked for), advancing the choice's text_offset.
+  json chunk_logprobs(Choice& c, const std::vector<TokenLogprob>& v) {
     if (!logprobs) return nullptr;
-    json j = logprobs_json(meta.chat, v, *srv->ctx_.tokenizer, text_offset);
-    for (const TokenLogprob& lp : v) text_offset += static_cast<int64_t>(srv->ctx_.tokenizer->piece(lp.token).size());
+    json j = logprobs_json(meta.chat, v, *srv->ctx_.tokenizer, c.text_offset);
+    for (const TokenLogprob& lp : v) c.text_offset += static_cast<int64_t>(srv->ctx_.tokenizer->piece(lp.token).size());
     return j;
   }
 
@@ -164,23 +173,45 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
         });
     });
     if (!echo.empty()) {
-      if (stream) {
-        e->write(sse_event(stream_chunk(meta, echo, "", first_chunk)));
-        first_chunk = false;
-      } else {
-        text = echo;
+      std::string out;
+      for (size_t i = 0; i < choices.size(); ++i) {
+        Choice& c = choices[i];
+        if (stream) {
+          out += sse_event(stream_chunk(meta, echo, "", c.first_chunk, nullptr, static_cast<int32_t>(i)));
+          c.first_chunk = false;
+        } else {
+          c.text = echo;
+        }
       }
+      if (!out.empty()) e->write(out);
     }
     drain();  // what arrived before the notification was set
   }
 
-  // The client went away (or the connection was closed under it): cancel, free the slot.
+  // The client went away (or the connection was closed under it): cancel (every choice), free the slot.
   void gone() {
     if (done) return;
     done = true;
     srv->count_disconnect(!stream);  // before the cancel, so the counter is up once the scheduler shows it
     srv->sched_->cancel(id);
     slot.reset();
+  }
+
+  // A choice failed or was cancelled: the request ends now, its other choices with it.
+  void fail(Exchange& e, const RequestEvent& ev, std::string& out) {
+    done = true;
+    srv->sched_->cancel(id);
+    slot.reset();
+    if (stream) {
+      if (ev.finish == FinishReason::Error) out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
+      out += "data: [DONE]\n\n";
+      e.write(out);
+      e.end_stream();
+    } else if (ev.finish == FinishReason::Error) {
+      e.respond(error_response(make_error(500, ev.error, "server_error", "generation_failed")));
+    } else {
+      e.respond(error_response(make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled")));
+    }
   }
 
   void drain() {
@@ -194,38 +225,46 @@ struct Server::Generation : std::enable_shared_from_this<Generation> {
       if (st == RequestChannel::Status::Closed) return shutting_down(*e);
       std::string out;
       for (const RequestEvent& ev : events) {
+        if (ev.index < 0 || static_cast<size_t>(ev.index) >= choices.size()) continue;  // cannot happen
+        Choice& c = choices[static_cast<size_t>(ev.index)];
         if (ev.kind == RequestEvent::Kind::Text) {
           if (stream) {
-            out += sse_event(stream_chunk(meta, ev.text, "", first_chunk, chunk_logprobs(ev.logprobs)));
-            first_chunk = false;
+            out += sse_event(stream_chunk(meta, ev.text, "", c.first_chunk, chunk_logprobs(c, ev.logprobs), ev.index));
+            c.first_chunk = false;
           } else {
-            text += ev.text;
-            lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+            c.text += ev.text;
+            c.lps.insert(c.lps.end(), ev.logprobs.begin(), ev.logprobs.end());
           }
           continue;
         }
-        // Finished: the slot goes back first, then the last bytes are handed off.
+        if (ev.finish == FinishReason::Error || ev.finish == FinishReason::Cancelled) return fail(*e, ev, out);
+        if (c.finished) continue;
+        c.finished = true;
+        c.finish_reason = openai_finish_reason(ev.finish);
+        c.usage = srv->usage_of(ev);
+        if (stream)
+          out += sse_event(stream_chunk(meta, "", c.finish_reason, c.first_chunk,
+                                        ev.logprobs.empty() ? json(nullptr) : chunk_logprobs(c, ev.logprobs), ev.index));
+        else
+          c.lps.insert(c.lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+        if (++n_finished < static_cast<int32_t>(choices.size())) continue;
+        // Every choice finished: the slot goes back first, then the last bytes are handed off.
         done = true;
         slot.reset();
+        std::vector<Usage> per;
+        for (const Choice& x : choices) per.push_back(x.usage);
+        const Usage u = combine_usage(per);
         if (stream) {
-          if (ev.finish == FinishReason::Error) {
-            out += sse_event(error_body(make_error(500, ev.error, "server_error", "generation_failed")));
-          } else if (ev.finish != FinishReason::Cancelled) {
-            out += sse_event(stream_chunk(meta, "", openai_finish_reason(ev.finish), first_chunk,
-                                          ev.logprobs.empty() ? json(nullptr) : chunk_logprobs(ev.logprobs)));
-            if (include_usage) out += sse_event(usage_chunk(meta, srv->usage_of(ev)));
-          }
+          if (include_usage) out += sse_event(usage_chunk(meta, u));
           out += "data: [DONE]\n\n";
           e->write(out);
           e->end_stream();
-        } else if (ev.finish == FinishReason::Error) {
-          e->respond(error_response(make_error(500, ev.error, "server_error", "generation_failed")));
-        } else if (ev.finish == FinishReason::Cancelled) {
-          e->respond(error_response(make_error(503, "the request was cancelled (server shutting down)", "server_error", "cancelled")));
         } else {
-          lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
-          const json lp = logprobs ? logprobs_json(meta.chat, lps, *srv->ctx_.tokenizer, static_cast<int64_t>(echo.size())) : json(nullptr);
-          e->respond(json_response(200, completion_response(meta, text, openai_finish_reason(ev.finish), srv->usage_of(ev), lp)));
+          std::vector<ChoiceOut> outs;
+          for (const Choice& x : choices)
+            outs.push_back({x.text, x.finish_reason,
+                            logprobs ? logprobs_json(meta.chat, x.lps, *srv->ctx_.tokenizer, static_cast<int64_t>(echo.size())) : json(nullptr)});
+          e->respond(json_response(200, completion_response(meta, outs, u)));
         }
         return;
       }
@@ -268,6 +307,7 @@ Server::Server(Engine& engine, ServerOptions opt) : engine_(&engine), opt_(std::
   ctx_page_bytes_ = engine.kv().pool().page_bytes();
   kv_streams_ = engine.kv().n_streams();
   ctx_.limits = opt_.limits;
+  if (ctx_.limits.max_choices <= 0) ctx_.limits.max_choices = opt_.scheduler.max_running;
   opt_.http.max_body_bytes = opt_.limits.max_body_bytes;
   stats_.max_concurrent = opt_.max_concurrent;
   stats_.max_connections = opt_.http.max_connections;
@@ -550,7 +590,8 @@ void Server::handle_generate(const std::shared_ptr<Exchange>& ex, bool chat) {
   gen->include_usage = r.include_usage;
   gen->logprobs = r.spec.logprobs >= 0;
   gen->echo = r.echo ? r.echo_text : std::string();
-  gen->text_offset = static_cast<int64_t>(gen->echo.size());
+  gen->choices.resize(static_cast<size_t>(std::max(1, r.spec.n)));
+  for (auto& c : gen->choices) c.text_offset = static_cast<int64_t>(gen->echo.size());
   gen->meta = new_response_meta(chat, opt_.model_id);
   EventSink sink = RequestChannel::sink(slot->channel);
   if (log_) {

@@ -1,6 +1,6 @@
 // The official OpenAI Node SDK, unchanged, against a running `kvpack serve` (base URL in argv[2]):
 // models.list / models.retrieve, completions and chat with logprobs, streamed chat (with logprobs),
-// and n = 2's clear 400 (n > 1 is not built yet). Prints what it saw (the README's transcript) and exits non-zero on the first wrong answer.
+// and n = 2 (two choices of one prefill, plain and streamed). Prints what it saw (the README's transcript) and exits non-zero on the first wrong answer.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
 
@@ -46,8 +46,24 @@ assert.equal(streamed, chat.choices[0].message.content, "streamed chat gives the
 assert.equal(streamedTokens, content.length, "every token's logprob arrives once in the stream");
 show("streamed chat", `${chunks} chunks, ${streamedTokens} token logprobs, text ${JSON.stringify(streamed)}`);
 
-// n > 1 is not built yet: the SDK gets the server's clear 400 naming the field.
-await assert.rejects(client.chat.completions.create({ model: id, messages, max_tokens: 4, n: 2 }),
-                     (e) => e.status === 400 && e.error?.param === "n");
-show("n = 2", "400 (param n): only n = 1 is supported");
+// n = 2: two choices sharing one prefill. Greedy: both equal the single answer; usage counts the prompt once.
+const two = await client.chat.completions.create({ model: id, messages, max_tokens: 8, temperature: 0, n: 2, logprobs: true });
+assert.equal(two.choices.length, 2);
+assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+for (const c of two.choices) {
+  assert.equal(c.message.content, chat.choices[0].message.content, "greedy choices equal the n = 1 answer");
+  assert.equal(c.logprobs.content.length, content.length);
+}
+assert.equal(two.usage.prompt_tokens, chat.usage.prompt_tokens);
+assert.equal(two.usage.completion_tokens, 2 * chat.usage.completion_tokens);
+show("n = 2", two.choices.map((c) => c.message.content));
+// Seeded sampling, streamed: each index's text equals the non-streamed choice with the same seed.
+const seeded = { model: id, messages, max_tokens: 8, temperature: 1, seed: 7, n: 2 };
+const plain2 = await client.chat.completions.create(seeded);
+const per = ["", ""];
+for await (const chunk of await client.chat.completions.create({ ...seeded, stream: true })) {
+  for (const c of chunk.choices) per[c.index] += c.delta?.content ?? "";
+}
+assert.deepEqual(per, plain2.choices.map((c) => c.message.content), "streamed n = 2 gives the same choices");
+show("n = 2 streamed (seed 7)", per);
 console.log("openai client check: OK");

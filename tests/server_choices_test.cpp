@@ -1,0 +1,172 @@
+// n > 1 through the real server on a loopback port: n choices with index 0..n-1, each what a solo
+// request with its seed gives (greedy: the n = 1 text), streamed and not, logprobs per choice, usage
+// counting the prompt once and summing completion tokens, the shared prompt pages in usage.kvpack and
+// in /metrics, and n beyond the batch a clear 400.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "server/server.h"
+#include "server_model_fixture.h"
+
+namespace kvpack {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kPrompt =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+    "dog, Max. One day, Lily and Max found a big red ball under a tree.";
+
+struct Reply {
+  int status = 0;
+  json body;
+};
+
+class ChoicesServerTest : public test::StoriesModelTest {
+ protected:
+  void SetUp() override {
+    EngineOptions eo;
+    eo.threads = 1;
+    engine = std::make_unique<Engine>(*model_, eo);
+    server::ServerOptions opt;
+    opt.host = "127.0.0.1";
+    opt.port = 0;
+    opt.scheduler.max_running = 4;
+    srv = std::make_unique<server::Server>(*engine, opt);
+    port = srv->start();
+  }
+  void TearDown() override {
+    srv->stop();
+    EXPECT_EQ(srv->scheduler().check_invariants(), "");
+  }
+  std::unique_ptr<httplib::Client> client() const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+    c->set_read_timeout(120, 0);
+    return c;
+  }
+  Reply post(const std::string& path, const json& body) const {
+    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  std::vector<json> stream(const std::string& path, json body, bool* done) const {
+    body["stream"] = true;
+    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
+    std::vector<json> events;
+    *done = false;
+    if (!r) return events;
+    std::string buf = r->body;
+    for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
+      const std::string ev = buf.substr(0, end);
+      buf.erase(0, end + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      if (ev == "data: [DONE]") *done = true;
+      else events.push_back(json::parse(ev.substr(6)));
+    }
+    return events;
+  }
+  static std::string content(const json& choice, bool chat) {
+    return chat ? choice["message"]["content"].get<std::string>() : choice["text"].get<std::string>();
+  }
+
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<server::Server> srv;
+  int port = 0;
+};
+
+TEST_F(ChoicesServerTest, GreedyChoicesEqualTheSingleAnswerAndReportTheSharedPages) {
+  for (const bool compressed : {false, true}) {
+    json body = {{"prompt", kPrompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+    if (compressed) body["kv_budget"] = 32;
+    const Reply one = post("/v1/completions", body);
+    ASSERT_EQ(one.status, 200) << one.body;
+    body["n"] = 3;
+    const Reply three = post("/v1/completions", body);
+    ASSERT_EQ(three.status, 200) << three.body;
+    ASSERT_EQ(three.body["choices"].size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      const json& c = three.body["choices"][static_cast<size_t>(i)];
+      EXPECT_EQ(c["index"], i);
+      EXPECT_EQ(c["text"], one.body["choices"][0]["text"]) << "choice " << i << (compressed ? " compressed" : "");
+      EXPECT_EQ(c["finish_reason"], "length");
+    }
+    const json& u = three.body["usage"];
+    EXPECT_EQ(u["prompt_tokens"], one.body["usage"]["prompt_tokens"]);  // counted once
+    EXPECT_EQ(u["completion_tokens"], 3 * 24);
+    EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + 3 * 24);
+    EXPECT_EQ(u["kvpack"]["choices"], 3);
+    EXPECT_GT(u["kvpack"]["shared_prompt_pages"].get<int64_t>(), 0) << u;
+    EXPECT_EQ(u["kvpack"]["pages_saved_by_sharing"], 2 * u["kvpack"]["shared_prompt_pages"].get<int64_t>()) << u;
+    EXPECT_EQ(one.body["usage"]["kvpack"]["pages_saved_by_sharing"], 0);
+  }
+  auto m = client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("kvpack_kv_forks_total 4"), std::string::npos);
+  EXPECT_NE(m->body.find("kvpack_kv_fork_pages_saved_total "), std::string::npos);
+  EXPECT_EQ(m->body.find("kvpack_kv_fork_pages_saved_total 0\n"), std::string::npos);
+}
+
+TEST_F(ChoicesServerTest, SeededChatChoicesEqualSoloRequestsWithTheDerivedSeedAndStreamTheSame) {
+  const json messages = json::array({{{"role", "user"}, {"content", kPrompt}}});
+  json body = {{"messages", messages}, {"max_tokens", 16}, {"temperature", 1.0}, {"seed", 99},
+               {"logprobs", true}, {"top_logprobs", 1}, {"n", 2}};
+  const Reply two = post("/v1/chat/completions", body);
+  ASSERT_EQ(two.status, 200) << two.body;
+  ASSERT_EQ(two.body["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    json solo = body;
+    solo.erase("n");
+    solo["seed"] = static_cast<int64_t>(choice_seed(99, i));
+    const Reply s = post("/v1/chat/completions", solo);
+    ASSERT_EQ(s.status, 200);
+    const json& c = two.body["choices"][static_cast<size_t>(i)];
+    EXPECT_EQ(content(c, true), content(s.body["choices"][0], true)) << "choice " << i;
+    EXPECT_EQ(c["logprobs"]["content"].size(), s.body["choices"][0]["logprobs"]["content"].size()) << i;
+    EXPECT_EQ(c["logprobs"], s.body["choices"][0]["logprobs"]) << i;
+  }
+  // Streamed: the same texts, assembled per index; one finish chunk per choice; usage last.
+  body["stream_options"] = {{"include_usage", true}};
+  bool done = false;
+  const std::vector<json> events = stream("/v1/chat/completions", body, &done);
+  ASSERT_TRUE(done);
+  std::map<int, std::string> text;
+  std::map<int, int> finishes, roles, lp_tokens;
+  json usage;
+  for (const json& ev : events) {
+    if (ev.contains("usage") && ev["usage"].is_object()) usage = ev["usage"];
+    for (const json& c : ev["choices"]) {
+      const int i = c["index"];
+      if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("role")) ++roles[i];
+      if (!c["finish_reason"].is_null()) ++finishes[i];
+      if (c["logprobs"].is_object()) lp_tokens[i] += static_cast<int>(c["logprobs"]["content"].size());
+    }
+  }
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["completion_tokens"], two.body["usage"]["completion_tokens"]);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(text[i], content(two.body["choices"][static_cast<size_t>(i)], true)) << "streamed choice " << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(lp_tokens[i], static_cast<int>(two.body["choices"][static_cast<size_t>(i)]["logprobs"]["content"].size())) << i;
+  }
+}
+
+TEST_F(ChoicesServerTest, NBeyondTheBatchIsAClear400) {
+  const Reply r = post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"n", 5}});  // max_running 4
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "n") << r.body;
+  const Reply b = post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"n", 2}, {"best_of", 3}});
+  EXPECT_EQ(b.status, 400);
+  EXPECT_EQ(b.body["error"]["param"], "best_of") << b.body;
+}
+
+}  // namespace
+}  // namespace kvpack
