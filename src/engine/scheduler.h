@@ -81,6 +81,8 @@ struct SchedulerMetrics {
   std::map<std::string, compress::CompressionStats> compression_by_policy;
   kv::PrefixCacheStats prefix;
   kv::ColdUsage cold;
+  kv::SharedTierStats shared;      // the shared tier's counters (all zero without one)
+  bool has_shared_tier = false;
   kv::EvictedStats evicted;        // evicted slots kept in the cold tier: totals; digest_bytes = held now
   int64_t recomputes = 0;          // preemptions (or lost swaps) that recomputed from text
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
