@@ -276,7 +276,7 @@ class Cluster:
             return self.proxy_servers_up() >= live
         wait_until(ok, timeout, "the proxy and its replicas to be healthy")
 
-    def proxy_servers_up(self):
+    def _show_stat(self):
         sock = os.path.join(self.cfg.dir, "haproxy.sock")
         try:
             with socket.socket(socket.AF_UNIX) as s:
@@ -287,13 +287,23 @@ class Cluster:
                 while chunk := s.recv(65536):
                     data += chunk
         except OSError:
-            return 0
-        up = 0
-        for line in data.decode().splitlines():
-            f = line.split(",")
-            if len(f) > 17 and f[0] == "replicas" and f[1].startswith("r") and f[17].startswith("UP"):
-                up += 1
-        return up
+            return []
+        lines = data.decode().splitlines()
+        if not lines:
+            return []
+        names = lines[0].lstrip("# ").split(",")
+        return [dict(zip(names, line.split(","))) for line in lines[1:] if line]
+
+    def proxy_backend_stat(self):
+        """The backend's row of HAProxy's `show stat` (wretr: retries, wredis: redispatches, ...)."""
+        for row in self._show_stat():
+            if row.get("pxname") == "replicas" and row.get("svname") == "BACKEND":
+                return row
+        return {}
+
+    def proxy_servers_up(self):
+        return sum(1 for row in self._show_stat()
+                   if row.get("pxname") == "replicas" and row.get("svname", "").startswith("r") and row.get("status", "").startswith("UP"))
 
     def stop(self):
         stop_pid(self.state.get("proxy", 0))
