@@ -44,6 +44,7 @@ class Result:
         self.replica = ""
         self.usage = {}
         self.first_byte = False
+        self.ttft = -1.0
 
 
 def complete(port, body, session=None, timeout=20.0, stream=True, inflight=None):
@@ -56,6 +57,7 @@ def complete(port, body, session=None, timeout=20.0, stream=True, inflight=None)
     headers = {"Content-Type": "application/json"}
     if session:
         headers["X-Session-Id"] = session
+    t0 = time.time()
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         c.request("POST", "/v1/completions", json.dumps(body), headers)
@@ -97,6 +99,8 @@ def complete(port, body, session=None, timeout=20.0, stream=True, inflight=None)
                 if j.get("usage"):
                     r.usage = j["usage"]
                 for ch in j.get("choices", []):
+                    if ch.get("text") and r.ttft < 0:
+                        r.ttft = time.time() - t0
                     r.text += ch.get("text", "")
         r.ok = done and not r.error
         if not done and not r.error:
