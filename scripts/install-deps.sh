@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config git ca-certificates
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libxxhash-dev
+      libhiredis-dev redis-server haproxy   # shared KV tier (Redis) and the replica router: docs/scale.md
       python3 python3-numpy python3-matplotlib curl
       python3-jinja2   # reference renderings of chat templates (tests/server_jinja_reference_test.cpp)
       clang libclang-rt-dev   # clang + libFuzzer / sanitizer runtimes: scripts/fuzz.sh

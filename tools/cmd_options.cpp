@@ -30,6 +30,11 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--kv-cold", o.kv_cold,
                  "Cold KV tier for swap preemption and prefix-cache spill: host:BYTES (RAM) or dir:PATH:BYTES (a file; frees RAM); "
                  "BYTES takes K/M/G suffixes (powers of 1024)");
+  cmd.add_option("--kv-shared", o.kv_shared,
+                 "Shared KV tier for prefix blocks, shared by the replicas of a model (docs/scale.md): "
+                 "redis://HOST[:PORT][?ttl=S&timeout_ms=MS&queue=BYTES&failures=N&open_ms=MS&max_blocks=N] "
+                 "(defaults: port 6379, ttl 3600, timeout_ms 50, queue 64M, failures 3, open_ms 2000, max_blocks 256). "
+                 "Blocks are published when computed and fetched on a local miss; a slow or absent Redis never fails a request");
   cmd.add_option("--kv-cold-evicted", o.kv_cold_evicted,
                  "With --kv-cold and compression: keep the tokens compression evicts in the cold tier, with a key digest per "
                  "page in RAM (what recall reads), instead of discarding them")
@@ -143,6 +148,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.kv_pages = o.kv_pages;
   e.kv_cold = o.kv_cold;
   e.kv_cold_evicted = o.kv_cold_evicted;
+  e.kv_shared = o.kv_shared;
   e.max_batch_tokens = o.batch;
   return e;
 }

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "engine/model_identity.h"
 #include "kernels/attention.h"
 #include "options.h"
 #include "server/server.h"
@@ -112,6 +113,9 @@ void add_serve(CLI::App& app) {
     opt.scheduler.step_tokens = o->batch;
     server::Server srv(engine, opt);
     const int port = srv.start();
+    if (engine.kv().has_shared_tier())  // before the "serving" line: scripts read notes until it
+      std::fprintf(stderr, "[kvpack] shared KV tier: %s (model KV identity %s)\n", engine.kv().shared_tier()->describe().c_str(),
+                   identity_hex(engine.kv_identity()).c_str());
     const std::string budget = opt.default_kv.enabled() ? " budget " + std::to_string(opt.default_kv.budget) : "";
     std::fprintf(stderr, "[kvpack] serving %s on http://%s:%d (kv pages %lld x %zu B %s, policy %s%s, max batch %d, max concurrent %d%s)\n",
                  srv.options().model_id.c_str(), opt.host.c_str(), port, static_cast<long long>(engine.kv().pool().capacity()),

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "engine/model_identity.h"
 #include "engine/scheduler.h"
 
 namespace kvpack {
@@ -23,6 +24,11 @@ Engine::Engine(const Model& model, const EngineOptions& opt)
       kv_(default_pool_config(model.config(), opt), model.config().n_layer, model.config().n_head_kv),
       runner_(model, threads_, opt.max_batch_tokens) {
   if (!opt.kv_cold.empty()) kv_.set_cold_tier(kv::make_cold_tier(opt.kv_cold, kv_.pool().record_bytes(), threads_.size()));
+  if (!opt.kv_shared.empty()) {
+    kv_identity_ = model_kv_identity(model, kv_.pool().config());
+    kv_.set_shared_tier(kv::make_shared_tier(opt.kv_shared, kv_.pool().record_bytes(), kv_.n_streams(), kv_.page_size(), kv_identity_),
+                        kv_identity_);
+  }
 }
 
 GenerateResult Engine::generate(const Request& req, const std::function<bool(std::string_view)>& on_text) {

@@ -35,6 +35,8 @@ struct EngineOptions {
   std::string kv_cold;
   // With a cold tier: compression's evicted slots go to it (kv/evicted_kv.h) instead of away.
   bool kv_cold_evicted = true;
+  // Shared KV tier for prefix blocks (kv/shared_tier.h): "" = none, or redis://HOST:PORT[?options].
+  std::string kv_shared;
 };
 
 // What generate() returns: the tokens and text, how it ended, and the request's figures.
@@ -62,6 +64,8 @@ class Engine {
   kv::KvManager& kv() { return kv_; }
   const kv::KvManager& kv() const { return kv_; }
   ModelRunner& runner() { return runner_; }
+  // With a shared tier: the model identity its keys carry (engine/model_identity.h); 0 without one.
+  uint64_t kv_identity() const { return kv_identity_; }
 
   // TriAttention statistics for requests that use it (loaded once, shared by all sequences).
   void set_calibration(compress::QueryStats stats) { calib_ = std::make_unique<compress::QueryStats>(std::move(stats)); }
@@ -79,6 +83,7 @@ class Engine {
   kv::KvManager kv_;
   ModelRunner runner_;
   std::unique_ptr<compress::QueryStats> calib_;
+  uint64_t kv_identity_ = 0;
 };
 
 kv::PoolConfig default_pool_config(const ModelConfig& c, const EngineOptions& opt);

@@ -56,6 +56,7 @@ struct RequestStats {
   int32_t swap_outs = 0, swap_ins = 0;  // preemptions that went to the cold tier and came back from it
   int32_t recomputes = 0;        // preemptions (or lost swaps) that recomputed the KV from text
   int32_t cached_tokens_cold = 0;  // of cached_tokens, loaded from the cold tier
+  int32_t cached_tokens_shared = 0;  // of cached_tokens, loaded from the shared tier (another replica computed them)
   int32_t decode_steps = 0;      // forward passes after the prompt (tokens/s = decode_steps / decode_seconds)
   double queue_seconds = 0;      // submit → first admission
   double prefill_seconds = 0;    // first admission → first token sampled

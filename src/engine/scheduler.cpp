@@ -216,13 +216,14 @@ void Scheduler::admit() {
       // A compressed sequence whose prompt may not be registered must not attach cached blocks either:
       // attached pages are shared, hence protected from eviction, which a solo run would not have.
       if (opt_.prefix_cache && (!s.comp || s.comp->schedule().may_register(s.n_prompt))) {
-        int32_t cold = 0;
-        s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt, &cold);
+        int32_t cold = 0, shared = 0;
+        s.n_computed = kv_->attach_cached_prefix(*s.kv, s.tokens, s.req.cache_salt, &cold, &shared);
         s.registered_blocks = s.n_computed / kv_->page_size();
         if (s.comp) s.comp->set_protected_prefix(s.registered_blocks * kv_->page_size());
         if (s.stats.preemptions == 0) {
           s.stats.cached_tokens = s.n_computed;
           s.stats.cached_tokens_cold = cold;
+          s.stats.cached_tokens_shared = shared;
         }
       }
       s.recompute = false;
@@ -672,6 +673,8 @@ void Scheduler::publish_metrics() {
   metrics_.compression_by_policy = std::move(by_policy);
   metrics_.prefix = kv_->prefix_stats();
   metrics_.cold = kv_->cold_usage();
+  metrics_.shared = kv_->shared_stats();
+  metrics_.has_shared_tier = kv_->has_shared_tier();
   metrics_.evicted = ev;
 }
 

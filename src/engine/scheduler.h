@@ -81,6 +81,8 @@ struct SchedulerMetrics {
   std::map<std::string, compress::CompressionStats> compression_by_policy;
   kv::PrefixCacheStats prefix;
   kv::ColdUsage cold;
+  kv::SharedTierStats shared;      // the shared tier's counters (all zero without one)
+  bool has_shared_tier = false;
   kv::EvictedStats evicted;        // evicted slots kept in the cold tier: totals; digest_bytes = held now
   int64_t recomputes = 0;          // preemptions (or lost swaps) that recomputed from text
   // n > 1: choices forked from a prefilled prompt, and the full pages they took by reference instead of

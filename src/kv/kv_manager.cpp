@@ -152,8 +152,18 @@ std::unique_ptr<SequenceKv> KvManager::fork_sequence(const SequenceKv& parent, i
   return kv;
 }
 
-int32_t KvManager::attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold) {
-  return cache_.attach(kv, tokens, salt, from_cold);
+int32_t KvManager::attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold,
+                                        int32_t* from_shared) {
+  return cache_.attach(kv, tokens, salt, from_cold, from_shared);
+}
+
+void KvManager::set_shared_tier(std::unique_ptr<SharedTier> tier, uint64_t model_id) {
+  if (tier && (tier->record_bytes() != pool_.record_bytes() || tier->n_streams() != n_streams() || tier->page_size() != page_size()))
+    throw std::invalid_argument("shared tier geometry (" + std::to_string(tier->record_bytes()) + " B records, " +
+                                std::to_string(tier->n_streams()) + " streams, pages of " + std::to_string(tier->page_size()) +
+                                ") does not match the KV pool's");
+  cache_.set_shared_tier(tier.get(), model_id);
+  shared_ = std::move(tier);
 }
 
 void KvManager::register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt) {

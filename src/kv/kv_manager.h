@@ -23,6 +23,7 @@
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 #include "kv/sequence_kv.h"
+#include "kv/shared_tier.h"
 
 namespace kvpack::kv {
 
@@ -80,7 +81,8 @@ class KvManager {
   // Prefix cache. attach: the longest cached prefix of `tokens` (whole blocks, leaving one token to
   // compute) into the empty `kv`; returns the tokens reused. register_blocks: the first n_blocks full
   // blocks that `kv` holds uncompacted become findable.
-  int32_t attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold = nullptr);
+  int32_t attach_cached_prefix(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold = nullptr,
+                               int32_t* from_shared = nullptr);
   void register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt);
   void clear_prefix_cache() { cache_.clear(); }
   const PrefixCacheStats& prefix_stats() const { return cache_.stats(); }
@@ -112,6 +114,14 @@ class KvManager {
   void drop_swapped(SwappedKv& sw);
   const ColdUsage& cold_usage();
 
+  // The shared tier (optional; kv/shared_tier.h): prefix blocks only, published when registered and
+  // fetched on a miss of both local levels. Its geometry must match the pool (record size, streams,
+  // page size); `model_id` (engine/model_identity.h) seeds the key chain.
+  void set_shared_tier(std::unique_ptr<SharedTier> tier, uint64_t model_id);
+  SharedTier* shared_tier() { return shared_.get(); }
+  bool has_shared_tier() const { return shared_ != nullptr; }
+  SharedTierStats shared_stats() const { return shared_ ? shared_->stats() : SharedTierStats{}; }
+
   // Invariants (tests, debug builds): the pool's accounting against the page tables of `live` and the
   // pages `swapped` sequences keep hot, the prefix cache against the pool's marks, and every swapped
   // sequence's records present in the tier. "" or a description.
@@ -125,7 +135,8 @@ class KvManager {
   int32_t n_layers_, n_kv_heads_;
   PagePool pool_;
   std::unique_ptr<ColdTier> cold_;
-  PrefixCache cache_;  // declared after the pool and the tier: destroyed first
+  std::unique_ptr<SharedTier> shared_;
+  PrefixCache cache_;  // declared after the pool and the tiers: destroyed first
   ColdUsage cold_usage_;
   std::vector<const uint8_t*> io_src_;  // scratch for batched tier calls
   std::vector<uint8_t*> io_dst_;

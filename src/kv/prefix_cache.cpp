@@ -4,6 +4,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 
 namespace kvpack::kv {
 
@@ -32,7 +34,8 @@ uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> block,
   return XXH3_64bits_digest(&st);
 }
 
-int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold) {
+int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uint64_t salt, int32_t* from_cold,
+                            int32_t* from_shared) {
   const int32_t ps = pool_->config().page_size;
   ++stats_.queries;
   if (kv.max_slots() != 0) return 0;
@@ -40,16 +43,35 @@ int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uin
   const int32_t max_blocks = tokens.empty() ? 0 : static_cast<int32_t>((tokens.size() - 1) / static_cast<size_t>(ps));
   uint64_t key = 0;
   int32_t matched = 0;
+  // Blocks [shared_begin, shared_end) came from the shared tier in one fetch; each holds a reference
+  // from load_shared until the sequence has attached it. All of them are attached below: they are in
+  // the map, referenced (so not reusable), and the loop runs to max_blocks past them.
+  int32_t shared_begin = 0, shared_end = 0;
   for (int32_t b = 0; b < max_blocks; ++b) {
     ++stats_.blocks_queried;
     key = block_key(key, tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps)), salt);
     auto it = map_.find(key);
     const bool cold = it == map_.end() && cold_ != nullptr;
     if (cold) it = load_cold(key);
+    if (it == map_.end() && shared_ != nullptr && b >= shared_end) {
+      const int32_t n = load_shared(tokens, salt, b, max_blocks, key);
+      if (n > 0) {
+        shared_begin = b;
+        shared_end = b + n;
+        it = map_.find(key);  // (inserts may have rehashed the map)
+      }
+    }
     if (it == map_.end()) break;
     kv.attach_shared_block(it->second, b * ps);  // retains: revives cached-free pages
-    if (cold) {  // load_cold's own references go: the sequence holds the pages now
+    const bool shared = b >= shared_begin && b < shared_end;
+    if (shared || cold) {  // the loader's own references go: the sequence holds the pages now
       for (PageId p : it->second) pool_->release(p);
+    }
+    if (shared) {
+      ++stats_.blocks_hit_shared;
+      stats_.tokens_hit_shared += ps;
+      if (from_shared) *from_shared += ps;
+    } else if (cold) {
       ++stats_.blocks_hit_cold;
       stats_.tokens_hit_cold += ps;
       if (from_cold) *from_cold += ps;
@@ -62,15 +84,69 @@ int32_t PrefixCache::attach(SequenceKv& kv, std::span<const int32_t> tokens, uin
   return matched * ps;
 }
 
+void PrefixCache::fill_shared_keys(std::span<const int32_t> tokens, uint64_t salt, int32_t n_blocks) {
+  const size_t ps = static_cast<size_t>(pool_->config().page_size);
+  SharedKeyChain chain(model_id_, salt);
+  shared_keys_.resize(static_cast<size_t>(n_blocks));
+  for (size_t j = 0; j < shared_keys_.size(); ++j) shared_keys_[j] = chain.next(tokens.subspan(j * ps, ps));
+}
+
+int32_t PrefixCache::load_shared(std::span<const int32_t> tokens, uint64_t salt, int32_t b, int32_t max_blocks, uint64_t key_b) {
+  const size_t ps = static_cast<size_t>(pool_->config().page_size);
+  const size_t n_streams = static_cast<size_t>(n_streams_);
+  // Only fetch what the pool can take: each block needs one page per stream.
+  const int32_t room = static_cast<int32_t>(pool_->free_pages() / n_streams_);
+  const int32_t want = std::min(max_blocks - b, room);
+  if (want <= 0) return 0;
+  fill_shared_keys(tokens, salt, b + want);
+  const size_t found = shared_->fetch(std::span<const SharedKey>(shared_keys_).subspan(static_cast<size_t>(b)),
+                                      tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(want) * ps), shared_buf_);
+  const size_t rb = pool_->record_bytes();
+  uint64_t key = key_b;
+  int32_t loaded = 0;
+  std::vector<PageId> pages(n_streams, kNoPage);
+  for (size_t i = 0; i < found; ++i) {
+    const size_t blk = static_cast<size_t>(b) + i;
+    if (i > 0) key = block_key(key, tokens.subspan(blk * ps, ps), salt);
+    if (map_.count(key)) break;  // the rest of the prompt is cached locally after all: the caller finds it
+    if (pool_->free_pages() < n_streams_) break;
+    std::fill(pages.begin(), pages.end(), kNoPage);
+    bool ok = true;
+    for (size_t s = 0; s < n_streams && ok; ++s) {
+      pages[s] = pool_->allocate();  // may spill other cached-free blocks (never these: they are referenced)
+      ok = pages[s] != kNoPage;
+    }
+    if (!ok) {
+      for (PageId p : pages)
+        if (p != kNoPage) pool_->release(p);
+      break;
+    }
+    const uint8_t* src = shared_buf_.data() + i * n_streams * rb;
+    for (size_t s = 0; s < n_streams; ++s) {
+      std::memcpy(pool_->data(pages[s]), src + s * rb, rb);
+      pool_->mark_cached(pages[s]);
+      page_key_[pages[s]] = key;
+    }
+    map_.emplace(key, pages);
+    ++stats_.cached_blocks;
+    ++loaded;
+  }
+  return loaded;
+}
+
 void PrefixCache::register_blocks(const SequenceKv& kv, std::span<const int32_t> tokens, int32_t n_blocks, uint64_t salt) {
   const int32_t ps = pool_->config().page_size;
   uint64_t key = 0;
+  std::optional<SharedKeyChain> chain;
+  if (shared_ != nullptr) chain.emplace(model_id_, salt);
   for (int32_t b = 0; b < n_blocks; ++b) {
     if (static_cast<size_t>(b + 1) * ps > tokens.size()) break;
     bool held = true;
     for (int32_t s = 0; s < n_streams_; ++s) held &= kv.n_slots(s) >= (b + 1) * ps;
     if (!held) break;
-    key = block_key(key, tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps)), salt);
+    const std::span<const int32_t> block = tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps));
+    key = block_key(key, block, salt);
+    const SharedKey skey = chain ? chain->next(block) : SharedKey{};
     if (map_.count(key)) continue;  // already cached (this sequence attached it, or another computed it)
     std::vector<PageId> pages(static_cast<size_t>(n_streams_));
     bool fresh = true;
@@ -82,6 +158,11 @@ void PrefixCache::register_blocks(const SequenceKv& kv, std::span<const int32_t>
     for (PageId p : pages) {
       pool_->mark_cached(p);
       page_key_[p] = key;
+    }
+    if (shared_ != nullptr) {  // write-through: the block's pages are final now (full, uncompacted)
+      io_src_.resize(pages.size());
+      for (size_t s = 0; s < pages.size(); ++s) io_src_[s] = pool_->data(pages[s]);
+      ++(shared_->publish(skey, block, io_src_) ? stats_.blocks_published : stats_.publish_dropped);
     }
     map_.emplace(key, std::move(pages));
     ++stats_.cached_blocks;

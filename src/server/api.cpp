@@ -497,6 +497,7 @@ Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_st
   u.swap_outs = st.swap_outs;
   u.recomputes = st.recomputes;
   u.cached_tokens_cold = st.cached_tokens_cold;
+  u.cached_tokens_shared = st.cached_tokens_shared;
   u.peak_kv_bytes = st.peak_kv_pages * page_bytes;
   u.final_kv_bytes = st.kv_pages_in_use * page_bytes;
   u.evicted_tokens = kv_streams > 0 ? st.compression.evicted_slots / kv_streams : 0;
@@ -525,6 +526,7 @@ json usage_json(const Usage& u) {
                           {"swap_outs", u.swap_outs},
                           {"recomputes", u.recomputes},
                           {"cached_tokens_cold", u.cached_tokens_cold},
+                          {"cached_tokens_shared", u.cached_tokens_shared},
                           {"peak_kv_bytes", u.peak_kv_bytes},
                           {"final_kv_bytes", u.final_kv_bytes},
                           {"evicted_tokens", u.evicted_tokens},

@@ -108,7 +108,7 @@ struct Usage {
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   // kvpack's own per-request KV figures (usage.kvpack in responses; absent from the OpenAI schema, which
   // clients ignore): preemptions and how they were handled, prefix tokens from the cold tier, KV bytes.
-  int32_t preemptions = 0, swap_outs = 0, recomputes = 0, cached_tokens_cold = 0;
+  int32_t preemptions = 0, swap_outs = 0, recomputes = 0, cached_tokens_cold = 0, cached_tokens_shared = 0;
   int64_t peak_kv_bytes = 0, final_kv_bytes = 0, evicted_tokens = 0, compactions = 0;
   int64_t evicted_cold_pages = 0, evicted_cold_bytes = 0;  // evicted tokens kept in the cold tier
   int64_t recalled_pages = 0, recall_bytes_read = 0;        // recall: pages brought back, cold bytes read

@@ -164,7 +164,34 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, con
   w.metric("counter", "kvpack_prefix_cache_evictions_total", "Blocks dropped from the prefix cache.", p.evictions);
   w.metric("gauge", "kvpack_prefix_cache_blocks", "Blocks held by the prefix cache.", p.cached_blocks);
   w.by_label("kvpack_prefix_cache_hit_blocks_by_tier_total", "Prefix-cache blocks reused, by the tier they came from.", "tier",
-             {{"hot", p.blocks_hit - p.blocks_hit_cold}, {"cold", p.blocks_hit_cold}});
+             {{"hot", p.blocks_hit - p.blocks_hit_cold - p.blocks_hit_shared}, {"cold", p.blocks_hit_cold}, {"shared", p.blocks_hit_shared}});
+  w.metric("counter", "kvpack_prefix_cache_shared_hit_tokens_total", "Prompt tokens whose KV came from the shared tier (computed by another replica).",
+           p.tokens_hit_shared);
+  w.metric("counter", "kvpack_prefix_cache_published_blocks_total", "Blocks handed to the shared tier's writer when registered.",
+           p.blocks_published);
+  w.metric("counter", "kvpack_prefix_cache_publish_dropped_total", "Blocks not published: writer queue full or breaker open.",
+           p.publish_dropped);
+  // Shared tier (Redis): prefix blocks across replicas. Round trips that fail never fail a request.
+  {
+    const auto& t = m.shared;
+    w.metric("gauge", "kvpack_kv_shared_enabled", "1 when a shared tier (--kv-shared) is configured.", int64_t{m.has_shared_tier ? 1 : 0});
+    w.metric("counter", "kvpack_kv_shared_fetches_total", "Lookups sent to the shared tier (one round trip each).", t.fetches);
+    w.metric("counter", "kvpack_kv_shared_hits_total", "Blocks found valid in the shared tier.", t.hits);
+    w.metric("counter", "kvpack_kv_shared_misses_total", "Lookups whose next block was absent or invalid (ends the prefix).", t.misses);
+    w.metric("counter", "kvpack_kv_shared_checksum_failures_total", "Values rejected by checksum, header or token check (misses).",
+             t.checksum_failures);
+    w.metric("counter", "kvpack_kv_shared_puts_total", "Blocks written to the shared tier.", t.puts);
+    w.metric("counter", "kvpack_kv_shared_put_failures_total", "Blocks lost to a store error or timeout.", t.put_failures);
+    w.metric("counter", "kvpack_kv_shared_puts_dropped_total", "Blocks not written: queue full or breaker open.", t.puts_dropped);
+    w.metric("counter", "kvpack_kv_shared_read_bytes_total", "Bytes read from the shared tier.", t.bytes_read);
+    w.metric("counter", "kvpack_kv_shared_written_bytes_total", "Bytes written to the shared tier.", t.bytes_written);
+    w.metric("counter", "kvpack_kv_shared_errors_total", "Failed round trips (refused, reset, timed out).", t.errors);
+    w.metric("counter", "kvpack_kv_shared_timeouts_total", "Round trips past the timeout (included in errors).", t.timeouts);
+    w.metric("counter", "kvpack_kv_shared_breaker_opens_total", "Times the circuit breaker opened.", t.breaker_opens);
+    w.metric("counter", "kvpack_kv_shared_breaker_refused_total", "Calls answered locally while the breaker was open.", t.breaker_refused);
+    w.metric("gauge", "kvpack_kv_shared_breaker_state", "Circuit breaker: 0 closed, 1 open, 2 half-open.", static_cast<int64_t>(t.breaker_state));
+    w.metric("gauge", "kvpack_kv_shared_queue_bytes", "Publications waiting for the writer.", t.queue_bytes);
+  }
   w.metric("counter", "kvpack_prefix_cache_spilled_blocks_total", "Blocks written to the cold tier when their pages were reused.",
            p.blocks_spilled);
   // Cold tier (swap preemption, prefix spill).

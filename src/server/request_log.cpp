@@ -97,8 +97,9 @@ nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent
   if (!ev.error.empty()) line["error"] = ev.error;
   line["prompt_tokens"] = st.prompt_tokens;
   line["cached_tokens"] = st.cached_tokens;
-  line["cached_tokens_hot"] = st.cached_tokens - st.cached_tokens_cold;
+  line["cached_tokens_hot"] = st.cached_tokens - st.cached_tokens_cold - st.cached_tokens_shared;
   line["cached_tokens_cold"] = st.cached_tokens_cold;
+  line["cached_tokens_shared"] = st.cached_tokens_shared;
   line["completion_tokens"] = st.completion_tokens;
   line["policy"] = ctx.policy;
   line["budget"] = ctx.budget;
