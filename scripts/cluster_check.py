@@ -70,6 +70,12 @@ def complete(port, body, session=None, timeout=20.0, stream=True, inflight=None)
             j = json.loads(resp.read())
             r.text, r.usage, r.ok = j["choices"][0]["text"], j.get("usage", {}), True
             return r
+        # The 200 response head is the stream's first byte: from here on the proxy has committed the
+        # client to this replica and can no longer retry elsewhere (a kill now cuts the stream).
+        r.first_byte = True
+        if inflight is not None:
+            with inflight[None]:
+                inflight[r.replica] = inflight.get(r.replica, 0) + 1
         done = False
         buf = b""
         while True:
@@ -80,10 +86,6 @@ def complete(port, body, session=None, timeout=20.0, stream=True, inflight=None)
                 break
             if not chunk:
                 break
-            if not r.first_byte and inflight is not None:
-                with inflight[None]:
-                    inflight[r.replica] = inflight.get(r.replica, 0) + 1
-            r.first_byte = True
             buf += chunk
             while b"\n\n" in buf:
                 ev, buf = buf.split(b"\n\n", 1)
@@ -216,8 +218,15 @@ def main():
             r = complete(c.cfg.replica_ports[0], {"prompt": p, "max_tokens": 300, "ignore_eos": True, "cache_salt": f"ref-{i}"},
                          stream=False)
             long_ref[p] = r.text
+        def r1_generating(inflight):
+            # Seen from both ends: a client holds replica 1's response head, and replica 1 itself still runs a
+            # request (on a loaded machine a client can still be reading a stream the server finished long ago).
+            if inflight.get("r1", 0) <= 0:
+                return False
+            return any(k.startswith("vllm:num_requests_running") and v > 0 for k, v in c.metrics(1).items())
+
         def kill_mid_stream(inflight):  # SIGKILL while at least one stream from replica 1 is half-way
-            cluster.wait_until(lambda: inflight.get("r1", 0) > 0, 5, "a stream in flight on replica 1", step=0.005)
+            cluster.wait_until(lambda: r1_generating(inflight), 5, "a stream in flight on replica 1", step=0.005)
             c.kill_replica(1)
         res = run_load(6, 4.0, during=kill_mid_stream, long_ref=long_ref)
         bad = [(p, r) for p, r in res if not r.ok]
