@@ -1,64 +1,64 @@
 #!/usr/bin/python3
-"""Cluster benchmark (first cut; docs/scale.md): one seeded session mix through HAProxy over 3 replicas,
-run twice in one invocation: (A) consistent-hash affinity on X-Session-Id + the Redis shared tier, (B)
-round-robin without a shared tier. Chats share one system prompt and return for several turns (each
-turn resends the history). Prints prefix hit rate, shared-tier (Redis) hit tokens vs recomputed prompt
-tokens, TTFT p50/p99 and throughput side by side. Greedy; client threads run sessions concurrently.
-Usage: cluster_bench.py KVPACK_BINARY MODEL [--sessions 24] [--turns 3] [--clients 6]
-(Not yet `kvpack bench serve --target`: see docs/scale.md, "Not done".)"""
-import argparse, os, sys, threading, time
+"""Cluster benchmark (docs/scale.md): one seeded session mix through HAProxy over 3 replicas, replayed
+by `kvpack bench serve --target` and run twice in one invocation: (A) consistent-hash affinity on
+X-Session-Id + the Redis shared tier, (B) round-robin without a shared tier. The mix is bench serve's
+own (chats sharing one system prompt that return for several turns, resending the history; a few
+reasoning and long-document sessions), greedy. Prints prefix hit rate, prompt tokens served from Redis
+vs recomputed, TTFT p50/p99 and throughput side by side, with the machine line.
+Usage: cluster_bench.py KVPACK_BINARY MODEL [--chats 24] [--turns 3] [--clients 6] [--seed 42]"""
+import argparse, json, os, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster
-from cluster_check import complete, WORDS
 
-def words(seed, n):
-    return " ".join(WORDS[(seed * 13 + k * 7) % len(WORDS)] for k in range(n))
 
-def run(binary, model, routing, shared, a):
-    c = cluster.Cluster(cluster.Config(binary=binary, model=model, replicas=3, routing=routing, shared=shared,
+def machine_line():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs; replicas, HAProxy and Redis on this one machine"
+
+
+def run(a, routing, shared, label):
+    c = cluster.Cluster(cluster.Config(binary=a.binary, model=a.model, replicas=3, routing=routing, shared=shared,
                                        dir=f"/tmp/kvpack-cluster-bench-{routing}", serve_args=["-q"])).start()
-    system = words(1, a.system_words)
-    ttft, lock, stats = [], threading.Lock(), {"prompt": 0, "cached": 0, "shared": 0, "completion": 0, "failed": 0}
-    nxt = [0]
-    def worker():
-        while True:
-            with lock:
-                s = nxt[0]; nxt[0] += 1
-            if s >= a.sessions:
-                return
-            history = system
-            for t in range(a.turns):
-                history += " " + words(100 + s * 10 + t, 12)
-                t0 = time.time()
-                r = complete(c.cfg.proxy_port, {"prompt": history, "max_tokens": a.tokens}, session=f"bench-{s}", stream=True)
-                with lock:
-                    if not r.ok:
-                        stats["failed"] += 1; break
-                    u = r.usage
-                    stats["prompt"] += u.get("prompt_tokens", 0)
-                    stats["cached"] += u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-                    stats["shared"] += u.get("kvpack", {}).get("cached_tokens_shared", 0)
-                    stats["completion"] += u.get("completion_tokens", 0)
-                    ttft.append(r.ttft)
-                history += r.text
-    t0 = time.time()
-    th = [threading.Thread(target=worker) for _ in range(a.clients)]
-    [t.start() for t in th]; [t.join() for t in th]
-    wall = time.time() - t0
-    c.stop()
-    ttft.sort()
-    q = lambda p: 1e3 * ttft[min(len(ttft) - 1, max(0, int(p * len(ttft) + 0.5) - 1))] if ttft else 0
-    return dict(label=f"{routing}{' + redis' if shared else ', no shared tier'}", wall=wall, p50=q(0.5), p99=q(0.99),
-                hit=stats["cached"] / max(1, stats["prompt"]), **stats)
+    try:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            cmd = [a.binary, "bench", "serve", "--target", f"127.0.0.1:{c.cfg.proxy_port}", "--label", label,
+                   "--json", out.name, "--temp", "0", "--seed", str(a.seed), "--clients", str(a.clients),
+                   "--chats", str(a.chats), "--turns", str(a.turns), "--chat-tokens", str(a.tokens),
+                   "--system-words", str(a.system_words), "--reasoning", str(a.reasoning),
+                   "--reasoning-tokens", "64", "--documents", str(a.documents)]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, KVPACK_PROGRESS="0"))
+            with open(out.name) as f:
+                return json.load(f)
+    finally:
+        c.stop()
 
-ap = argparse.ArgumentParser(); ap.add_argument("binary"); ap.add_argument("model")
-ap.add_argument("--sessions", type=int, default=24); ap.add_argument("--turns", type=int, default=3)
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("binary"); ap.add_argument("model")
+ap.add_argument("--chats", type=int, default=24); ap.add_argument("--turns", type=int, default=3)
 ap.add_argument("--clients", type=int, default=6); ap.add_argument("--tokens", type=int, default=32)
 ap.add_argument("--system-words", type=int, default=80)
+ap.add_argument("--reasoning", type=int, default=4); ap.add_argument("--documents", type=int, default=2)
+ap.add_argument("--seed", type=int, default=42)
 a = ap.parse_args()
-rows = [run(a.binary, a.model, "affinity", True, a), run(a.binary, a.model, "roundrobin", False, a)]
-print("| run | requests failed | prompt tokens | prefix hit rate | from Redis (tokens) | recomputed (tokens) | TTFT p50 ms | TTFT p99 ms | output tok/s | wall s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+rows = [run(a, "affinity", True, "affinity + redis"), run(a, "roundrobin", False, "roundrobin, no shared tier")]
+print(f"machine: {machine_line()}")
+print(f"mix: seed {a.seed}, {a.chats} chats x {a.turns} turns ({a.tokens} tokens, shared {a.system_words}-word system prompt), "
+      f"{a.reasoning} reasoning, {a.documents} documents, {a.clients} clients, greedy\n")
+print("| run | sessions completed | prompt tokens | prefix hit rate | from Redis (tokens) | recomputed (tokens) | "
+      "TTFT p50 ms | TTFT p99 ms | output tok/s | requests per replica | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r['label']} | {r['failed']} | {r['prompt']} | {100*r['hit']:.1f}% | {r['shared']} | {r['prompt']-r['cached']} | "
-          f"{r['p50']:.1f} | {r['p99']:.1f} | {r['completion']/r['wall']:.0f} | {r['wall']:.1f} |")
+    per = " ".join(f"{k or '?'}:{v}" for k, v in sorted(r["replica_requests"].items()))
+    print(f"| {r['label']} | {r['completed']}/{r['sessions']} | {r['prompt_tokens']} | {100 * r['prefix_hit_rate']:.1f}% | "
+          f"{r['shared_tokens']} | {r['recomputed_tokens']} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
+          f"{r['output_tok_s']:.0f} | {per} | {r['wall_s']:.1f} |")
+if rows[1]["recomputed_tokens"] > 0:
+    print(f"\nrecomputed prompt tokens, affinity + redis / roundrobin: "
+          f"{rows[0]['recomputed_tokens'] / rows[1]['recomputed_tokens']:.2f}")
+sys.exit(0 if all(r["completed"] == r["sessions"] for r in rows) else 1)

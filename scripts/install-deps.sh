@@ -2,6 +2,7 @@
 # Installs kvpack's build and test dependencies from Debian's archive (the machine may start bare).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config git ca-certificates
+      lld   # the linker scripts/test.sh uses for its three builds (faster than ld.bfd)
       libgtest-dev libgmock-dev libbenchmark-dev
       libicu-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libboost-dev libxxhash-dev
       libhiredis-dev redis-server haproxy   # shared KV tier (Redis) and the replica router: docs/scale.md

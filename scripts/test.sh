@@ -10,29 +10,34 @@ phase() { echo "== test.sh [${SECONDS} s] $*"; }
 phase "install dependencies"
 scripts/install-deps.sh
 jobs=$(nproc)
+# lld links the ~65 test executables of each build in a third of the time ld.bfd takes (install-deps.sh installs it).
+link=()
+if command -v ld.lld >/dev/null; then link=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld); fi
 shared=${KVPACK_SHARED_DIR:-$(cd .. && pwd)/shared}
 # KVPACK_BUILD_TESTS=ON explicitly: scripts/quickstart.sh configures the same build/ with tests OFF (cached)
 phase "optimised build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" "${link[@]}" >/dev/null
 cmake --build build -j"$jobs"
 phase "optimised tests"
 (cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
-# -O1 (not -O0): the sanitizers' usual trade-off; the numerics-heavy tests run several times faster and the
-# debug invariant checks (KVPACK_DEBUG_CHECKS, set by KVPACK_SANITIZE) stay on. No benchmarks: nothing tests them.
+# -O0 -g1 (line tables: stack traces keep file:line) for the build time, with the numeric layers at -O1
+# (KVPACK_SANITIZE_O1_LAYERS in CMakeLists.txt) for the test time; the debug invariant checks
+# (KVPACK_DEBUG_CHECKS, set by KVPACK_SANITIZE) stay on. No benchmarks: nothing tests them.
 phase "ASan + UBSan build"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DKVPACK_SANITIZE=ON \
-      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DKVPACK_SANITIZE=ON \
+      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" "${link[@]}" >/dev/null
 cmake --build build-asan -j"$jobs"
 phase "ASan + UBSan tests"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -j"$jobs" -E "${KVPACK_ASAN_EXCLUDE:-^$}")
-# ThreadSanitizer: the scheduler, server and KV tests (the code with threads), built alone (-O1: TSan's
-# usual trade-off) so CI pays for those targets only; tests/tsan.supp lists documented false positives.
+# ThreadSanitizer: the scheduler, server and KV tests (the code with threads), built alone so CI pays for
+# those targets only (-O0 -g1 with the numeric layers at -O1, as the ASan build); tests/tsan.supp lists
+# documented false positives.
 # The single-request numerics tests (reference logits, Q4_K, KV element types) have no threads of their
 # own and take minutes under TSan; ASan covers them.
 tsan_tests=$(ls tests/*_test.cpp | sed -n -E 's@^.*/((engine|server|kv)_[a-z0-9_]*_test)\.cpp$@\1@p' |
              grep -v -E '^engine_(reference|q4k_model|kv_types)_test$')
-cmake -S . -B build-tsan -DKVPACK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" >/dev/null
+cmake -S . -B build-tsan -DKVPACK_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1" \
+      -DKVPACK_BUILD_TESTS=ON -DKVPACK_BUILD_BENCH=OFF -DKVPACK_SHARED_DIR="$shared" "${link[@]}" >/dev/null
 phase "TSan build"
 # shellcheck disable=SC2086
 cmake --build build-tsan -j"$jobs" --target $tsan_tests

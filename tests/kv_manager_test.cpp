@@ -176,3 +176,36 @@ TEST(KvManager, RandomOperationsKeepPoolAndCacheConsistent) {
   EXPECT_GT(m.prefix_stats().blocks_hit, 100);
   EXPECT_GT(m.prefix_stats().evictions, 10);
 }
+
+// n > 1 choices share their prompt's pages; compaction and recall of one choice copy a shared page before
+// writing it. With no free page for that copy they refuse and change nothing (the parent's K/V and both
+// page tables intact) instead of failing half-way; with a page free they go ahead.
+TEST(KvManager, CopyOnWriteWithoutAFreePageRefusesAndChangesNothing) {
+  KvManager m(pool_of(3), 1, 1);
+  const auto t = tokens(8, 50);
+  auto a = filled(m, t, 8);  // 2 pages
+  auto b = m.fork_sequence(*a, 0);
+  auto c = filled(m, tokens(4, 90), 4);  // the last page: none free
+  ASSERT_EQ(m.pool().free_pages(), 0);
+  const std::vector<PageId> a_pages(a->page_table(0).begin(), a->page_table(0).end());
+  const std::vector<int32_t> keep = {0, 2, 4, 6};  // rewrites slots 1..3: page 0, shared with a
+  EXPECT_EQ(b->compaction_copies(0, keep), 1);
+  EXPECT_EQ(b->compact_stream(0, keep), -1);
+  EXPECT_EQ(b->n_slots(0), 8);
+  EXPECT_TRUE(std::equal(a_pages.begin(), a_pages.end(), b->page_table(0).begin()));
+  std::vector<uint8_t> row(m.pool().slot_bytes(), 0);
+  const SequenceKv::InsertedSlot in{row.data(), row.data(), 1000};
+  EXPECT_FALSE(b->splice_stream(0, std::vector<int32_t>{0, 2, 3, 4, 5, 6, 7}, std::span(&in, 1)));
+  EXPECT_EQ(b->n_slots(0), 8);
+  EXPECT_EQ(check(m, {a.get(), b.get(), c.get()}), "");
+
+  c.reset();  // one page free: the copy can be made
+  EXPECT_EQ(b->compact_stream(0, keep), 1);
+  EXPECT_EQ(b->n_slots(0), 4);
+  EXPECT_NE(b->page_table(0)[0], a_pages[0]);
+  for (int32_t j = 0; j < 8; ++j)  // the parent still reads its own tokens
+    EXPECT_EQ(reinterpret_cast<const float*>(a->k_slot(0, j))[0], static_cast<float>(t[static_cast<size_t>(j)] * 100)) << j;
+  for (int32_t j = 0; j < 4; ++j)
+    EXPECT_EQ(reinterpret_cast<const float*>(b->k_slot(0, j))[0], static_cast<float>(t[static_cast<size_t>(keep[static_cast<size_t>(j)])] * 100)) << j;
+  EXPECT_EQ(check(m, {a.get(), b.get()}), "");
+}

@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "server/bench.h"
@@ -99,4 +104,54 @@ TEST(BenchReplay, CompletesEverySessionAgainstTheRealServer) {
   const std::string table = bench::markdown_table({st});
   EXPECT_NE(table.find("| run | sessions completed |"), std::string::npos);
   EXPECT_NE(table.find("| knorm | 6/6 |"), std::string::npos);
+}
+
+// `kvpack bench serve --target`: the binary replays the mix against a server it did not start (here one
+// in this process; in scripts/cluster_bench.py the HAProxy in front of replicas) and reports client-side
+// figures only, as a table and as JSON.
+TEST(BenchReplay, TargetModeReportsClientSideFiguresAgainstARunningServer) {
+  auto model = Model::load(std::string(KVPACK_SHARED_DIR) + "/models/stories260K.gguf");
+  EngineOptions eo;
+  eo.threads = 1;
+  Engine engine(*model, eo);
+  ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  Server srv(engine, so);
+  const int port = srv.start();
+  const std::string json_path = ::testing::TempDir() + "/bench_target_" + std::to_string(::getpid()) + ".json";
+  const std::string cmd = std::string(KVPACK_BINARY) + " bench serve --target 127.0.0.1:" + std::to_string(port) +
+                          " --label single --json " + json_path +
+                          " --temp 0 --reasoning 1 --reasoning-tokens 24 --chats 2 --turns 2 --chat-tokens 8 --system-words 40"
+                          " --documents 1 --document-words 40 --clients 2 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  srv.stop();
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("| single | 4/4 | 6 |"), std::string::npos) << out;  // 1 + 2 x 2 + 1 requests
+  EXPECT_NE(out.find("(no header):6"), std::string::npos) << out;       // no router: no X-Kvpack-Replica
+  std::ifstream f(json_path);
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "no JSON in " << json_path;
+  EXPECT_EQ(j["completed"], 4);
+  EXPECT_EQ(j["requests"], 6);
+  EXPECT_EQ(j["shared_tokens"], 0);  // no shared tier
+  EXPECT_GT(j["cached_tokens"].get<int64_t>(), 0);  // the second chat turns reuse their history
+  EXPECT_EQ(j["recomputed_tokens"].get<int64_t>(), j["prompt_tokens"].get<int64_t>() - j["cached_tokens"].get<int64_t>());
+  EXPECT_GE(j["completion_tokens"].get<int64_t>(), 24);
+  EXPECT_GT(j["ttft_p50_ms"].get<double>(), 0);
+  EXPECT_EQ(j["replica_requests"][""], 6);
+  std::remove(json_path.c_str());
+}
+
+TEST(BenchReplay, TargetModeRefusesAMalformedTargetAndFailsWhenNothingAnswers) {
+  const std::string bin = std::string(KVPACK_BINARY);
+  EXPECT_NE(std::system((bin + " bench serve --target nohostport >/dev/null 2>&1").c_str()), 0);
+  EXPECT_NE(std::system((bin + " bench serve --target 127.0.0.1:0 >/dev/null 2>&1").c_str()), 0);
+  // A port nobody listens on: every session fails after its retries; exit status non-zero.
+  EXPECT_NE(std::system((bin + " bench serve --target 127.0.0.1:1 --reasoning 1 --chats 0 --documents 0 --temp 0 >/dev/null 2>&1").c_str()), 0);
 }

@@ -1,6 +1,7 @@
 // `kvpack bench serve`: replays one seeded session mix (src/server/bench.h) against the real server
 // over loopback, once with full KV and once with a compressing policy, at the same --kv-pages, and
-// prints a Markdown table. Registered under `kvpack bench` by add_bench (tools/cmd_bench_kv.cpp).
+// prints a Markdown table; or, with --target, replays it once against a running endpoint (a router in
+// front of replicas: scripts/cluster_bench.py). Registered under `kvpack bench` by add_bench (tools/cmd_bench_kv.cpp).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -46,7 +47,58 @@ void add_bench_serve(CLI::App& bench) {
                 "Instead of full vs compressed: the policy with recompute preemption, then with swap preemption to the cold "
                 "tier (--kv-cold, default host memory of 4x the pool), at the same hot KV memory; plus a reference run with "
                 "a pool large enough for no preemption, to check every output against it");
+  auto target = std::make_shared<std::string>();
+  auto label = std::make_shared<std::string>("target");
+  auto json_out = std::make_shared<std::string>();
+  auto api_key = std::make_shared<std::string>();
+  cmd->add_option("--target", *target,
+                  "Replay the mix once against a running endpoint (HOST:PORT: a kvpack server or a router in front of "
+                  "replicas, deploy/haproxy/) instead of starting servers; prints client-side figures only")
+      ->check([](const std::string& v) { return v.rfind(':') == std::string::npos ? std::string("expected HOST:PORT") : std::string(); });
+  cmd->add_option("--label", *label, "With --target: the run's name in the table / JSON");
+  cmd->add_option("--json", *json_out, "With --target: also write the run's figures as one JSON object to this file");
+  cmd->add_option("--api-key", *api_key, "With --target: Bearer token for the endpoint");
+  cmd->add_option("--temp", ro->temperature, "Sampling temperature of every request (0: greedy)")->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   cmd->callback([=] {
+    if (!target->empty()) {  // an external endpoint: one run, no model loaded here
+      const size_t colon = target->rfind(':');
+      const std::string host = target->substr(0, colon);
+      int port = 0;
+      try {
+        port = std::stoi(target->substr(colon + 1));
+      } catch (const std::exception&) {
+      }
+      if (host.empty() || port <= 0 || port > 65535) throw CLI::ValidationError("--target", "expected HOST:PORT, got " + *target);
+      const auto sessions = server::bench::generate_mix(*mix);
+      server::bench::ReplayOptions r = *ro;
+      r.scrape_metrics = false;
+      r.session_id_prefix = "bench-" + std::to_string(mix->seed) + "-";
+      r.progress_label = "bench serve: " + *label;
+      std::printf("# kvpack bench serve --target %s\n\nclients %d, seed %llu, temperature %g; mix: %d reasoning (%d tokens), %d chats x %d "
+                  "turns (%d tokens, shared %d-word system prompt), %d documents (%d words); X-Session-Id per session\n\n",
+                  target->c_str(), ro->clients, static_cast<unsigned long long>(mix->seed), ro->temperature, mix->reasoning,
+                  mix->reasoning_tokens, mix->chats, mix->chat_turns, mix->chat_tokens, mix->system_words, mix->documents,
+                  mix->document_words);
+      std::fflush(stdout);
+      server::bench::RunStats st = server::bench::replay(host, port, sessions, r, *api_key);
+      st.label = *label;
+      if (!st.first_error.empty()) std::fprintf(stderr, "[kvpack] bench serve: first failure: %s\n", st.first_error.c_str());
+      const std::string table = server::bench::target_table({st});
+      std::printf("%s", table.c_str());
+      if (!out->empty()) {
+        std::ofstream f(*out);
+        if (!f) throw std::runtime_error("cannot write " + *out);
+        f << table;
+      }
+      if (!json_out->empty()) {
+        std::ofstream f(*json_out);
+        if (!f) throw std::runtime_error("cannot write " + *json_out);
+        f << server::bench::run_json(st) << "\n";
+      }
+      if (st.completed == 0 && st.sessions > 0) throw std::runtime_error("no session completed against " + *target);
+      return;
+    }
     auto model = load_model(*o);
     const ModelConfig& c = model->config();
     EngineOptions eo = engine_options(*o);

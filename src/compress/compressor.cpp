@@ -18,6 +18,7 @@ void CompressionStats::add(const CompressionStats& o) {
   seconds += o.seconds;
   score_seconds += o.score_seconds;
   max_streams_slots = std::max(max_streams_slots, o.max_streams_slots);
+  deferred_streams += o.deferred_streams;
   recall.add(o.recall);
 }
 
@@ -190,10 +191,14 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     const int32_t n = kv.n_slots(s);
     if (cfg_.naive) naive_.sync(s, n);
     if (static_cast<int32_t>(keep.size()) >= n) continue;
+    if (kv.compaction_copies(s, keep) > kv.pool().free_pages()) {  // out of pages to copy shared ones into
+      ++ev.deferred_streams;
+      continue;
+    }
     if (needs_.key_mass) mass_.compact(s, keep);
     if (evicted_ != nullptr) evicted_->add(kv, s, keep);  // before the survivors slide over them
     const int64_t compacted = kv.compact_stream(s, keep);
-    if (compacted < 0) throw std::runtime_error("KV pool exhausted while un-sharing a page for compaction");
+    if (compacted < 0) throw std::logic_error("compaction: pool exhausted after the check");
     // Naive mode reports what a non-compacting allocator would have freed instead.
     const int64_t freed = cfg_.naive ? naive_.evict(s, keep) : compacted;
     ev.evicted_slots += n - static_cast<int64_t>(keep.size());

@@ -40,6 +40,9 @@ struct CompressionStats {
   double seconds = 0;          // scoring + selection + compaction
   double score_seconds = 0;
   int64_t max_streams_slots = 0;  // largest stream length seen at a compression event
+  // Streams an event left as they were because copying their shared pages (n > 1 choices, prefix cache)
+  // needed more free pages than the pool had: they stay over budget until a later event.
+  int64_t deferred_streams = 0;
   RecallStats recall;             // recall checks and what they brought back (compress/recall.h)
   double reclaim_efficiency() const { return evicted_bytes ? static_cast<double>(freed_bytes) / evicted_bytes : 0.0; }
   void add(const CompressionStats& o);

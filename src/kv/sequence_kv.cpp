@@ -148,23 +148,46 @@ bool SequenceKv::make_private(Stream& s, size_t page_index) {
   return true;
 }
 
+int64_t SequenceKv::shared_pages_in(const Stream& s, int32_t from, int32_t to) const {
+  if (from >= to) return 0;
+  const int32_t ps = pool_->config().page_size;
+  const size_t last = std::min(s.pages.size(), static_cast<size_t>((to - 1) / ps) + 1);
+  int64_t n = 0;
+  for (size_t p = static_cast<size_t>(from / ps); p < last; ++p) n += pool_->is_shared(s.pages[p]) ? 1 : 0;
+  return n;
+}
+
+namespace {
+// Survivors slide forward into the lowest slots in their original order; slots before the first
+// dropped one stay where they are. The first slot compaction writes.
+int32_t first_moved(std::span<const int32_t> keep) {
+  int32_t dst = 0;
+  while (dst < static_cast<int32_t>(keep.size()) && keep[static_cast<size_t>(dst)] == dst) ++dst;
+  return dst;
+}
+}  // namespace
+
+int64_t SequenceKv::compaction_copies(int32_t stream, std::span<const int32_t> keep) const {
+  return shared_pages_in(streams_[static_cast<size_t>(stream)], first_moved(keep), static_cast<int32_t>(keep.size()));
+}
+
 int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep) {
   auto& s = streams_[static_cast<size_t>(stream)];
   const int32_t ps = pool_->config().page_size;
   const size_t row = pool_->slot_bytes();
   const size_t voff = pool_->v_offset();
   const int64_t pages_before = static_cast<int64_t>(s.pages.size());
-  // Survivors slide forward into the lowest slots in their original order. Slots before the first
-  // dropped one stay where they are, so unmodified (possibly shared) pages are never touched.
-  int32_t dst = 0;
-  while (dst < static_cast<int32_t>(keep.size()) && keep[static_cast<size_t>(dst)] == dst) ++dst;
+  // Unmodified (possibly shared) pages before the first moved slot are never touched; every shared page
+  // after it is copied before its first write, so the copies must all be possible before anything moves.
+  int32_t dst = first_moved(keep);
+  if (shared_pages_in(s, dst, static_cast<int32_t>(keep.size())) > pool_->free_pages()) return -1;
   size_t private_page = SIZE_MAX;
   for (size_t i = static_cast<size_t>(dst); i < keep.size(); ++i, ++dst) {
     const int32_t src = keep[i];
     const size_t dpage = static_cast<size_t>(dst / ps);
     if (dpage != private_page) {
-      // first write into this destination page: copy-on-write if shared
-      if (!make_private(s, dpage)) return -1;  // pool exhausted while un-sharing: caller reports
+      // first write into this destination page: copy-on-write if shared (checked above: cannot fail)
+      if (!make_private(s, dpage)) throw std::logic_error("compact_stream: pool exhausted after the check");
       private_page = dpage;
     }
     const uint8_t* sp = pool_->data(s.pages[static_cast<size_t>(src / ps)]) + static_cast<size_t>(src % ps) * row;
@@ -201,6 +224,9 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
   }
   int32_t first = 0;
   while (first < n_new && order[static_cast<size_t>(first)].kept == first) ++first;
+  // New pages and copies of the shared pages written from `first` on, all before anything changes.
+  const int64_t grow = pages_new > s.pages.size() ? static_cast<int64_t>(pages_new - s.pages.size()) : 0;
+  if (grow + shared_pages_in(s, first, n_new) > pool_->free_pages()) return false;
   // Copy the changed tail out first: sources and destinations overlap in both directions.
   const size_t tail = static_cast<size_t>(n_new - first);
   std::vector<uint8_t> k(tail * row), v(tail * row);
@@ -232,7 +258,7 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
     const int32_t dst = first + static_cast<int32_t>(t);
     const size_t dpage = static_cast<size_t>(dst / ps);
     if (dpage != private_page) {
-      if (!make_private(s, dpage)) throw std::runtime_error("KV pool exhausted while un-sharing a page for recall");
+      if (!make_private(s, dpage)) throw std::logic_error("splice_stream: pool exhausted after the check");
       private_page = dpage;
     }
     uint8_t* dp = pool_->data(s.pages[dpage]) + static_cast<size_t>(dst % ps) * row;

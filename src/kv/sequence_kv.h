@@ -57,8 +57,12 @@ class SequenceKv {
   // Compaction support: keep only the slots in `keep` (strictly increasing slot indices) of one stream,
   // sliding them forward in order; pages that become empty return to the pool in the same step.
   // Pages shared with others (refcount > 1) are never written: the first shared page that would be
-  // modified is copied first (copy-on-write). Returns the number of pages freed.
+  // modified is copied first (copy-on-write). Returns the number of pages freed, or -1 with the stream
+  // unchanged when the pool has fewer free pages than those copies need (compaction_copies).
   int64_t compact_stream(int32_t stream, std::span<const int32_t> keep);
+  // Pages compact_stream(stream, keep) would copy before writing (shared pages it modifies): what it
+  // needs free in the pool, before it gives any page back.
+  int64_t compaction_copies(int32_t stream, std::span<const int32_t> keep) const;
   // Recall support: one slot brought back from elsewhere (the cold tier), its K and V rows in this pool's
   // row format and its original position.
   struct InsertedSlot {
@@ -110,6 +114,8 @@ class SequenceKv {
   };
   void shrink_to(Stream& s, int32_t n_slots);
   bool make_private(Stream& s, size_t page_index);
+  // Shared pages among the existing pages that hold slots [from, to) of `s`.
+  int64_t shared_pages_in(const Stream& s, int32_t from, int32_t to) const;
 
   PagePool* pool_;
   int32_t n_layers_, n_kv_heads_;

@@ -4,6 +4,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
@@ -148,6 +149,7 @@ std::unique_ptr<SharedTier> make_shared_tier(const std::string& spec, size_t rec
     uint64_t v = 0;
     const bool ok = name == "queue" ? parse_size(value, v) : parse_u64(value, v);
     if (!ok) fail("option '" + std::string(name) + "': '" + std::string(value) + "' is not a number");
+    if (name != "queue" && v > static_cast<uint64_t>(INT32_MAX)) fail("option '" + std::string(name) + "': " + std::string(value) + " is too large");
     if (name == "ttl") o.ttl_s = static_cast<int64_t>(v);
     else if (name == "timeout_ms") o.timeout_ms = static_cast<int>(v);
     else if (name == "queue") o.queue_bytes = v;
@@ -159,6 +161,7 @@ std::unique_ptr<SharedTier> make_shared_tier(const std::string& spec, size_t rec
   if (o.ttl_s < 1) fail("ttl must be at least 1 second");
   if (o.timeout_ms < 1 || o.timeout_ms > 60000) fail("timeout_ms must be 1..60000");
   if (o.breaker_failures < 1) fail("failures must be at least 1");
+  if (o.breaker_open_ms < 1) fail("open_ms must be at least 1");
   if (o.max_fetch_blocks < 1) fail("max_blocks must be at least 1");
   return std::make_unique<RedisSharedTier>(o, record_bytes, n_streams, page_size, model_id);
 }

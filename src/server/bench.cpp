@@ -65,11 +65,12 @@ struct Outcome {
   int64_t prompt = 0, cached = 0, completion = 0;
   int retries = 0;
   json kvpack;  // usage.kvpack: the server's per-request KV figures
+  std::string replica;  // X-Kvpack-Replica response header ("" without a router)
 };
 
 // One streamed request; retried on 429 and on connection failures before any data arrived.
 Outcome request(const std::string& host, int port, const std::string& path, json body, const ReplayOptions& o,
-                const std::string& api_key, Clock::time_point deadline) {
+                const std::string& api_key, const std::string& session_id, Clock::time_point deadline) {
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   const std::string payload = body.dump();
@@ -89,6 +90,7 @@ Outcome request(const std::string& host, int port, const std::string& path, json
     req.path = path;
     req.headers = {{"Content-Type", "application/json"}};
     if (!api_key.empty()) req.headers.emplace("Authorization", "Bearer " + api_key);
+    if (!session_id.empty()) req.headers.emplace("X-Session-Id", session_id);
     req.body = payload;
     req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
       got_data = true;
@@ -126,6 +128,7 @@ Outcome request(const std::string& host, int port, const std::string& path, json
       out.ok = true;
       out.text = std::move(text);
       out.ttft = ttft;
+      out.replica = res.get_header_value("X-Kvpack-Replica");
       if (usage.is_object()) {
         out.prompt = usage.value("prompt_tokens", 0);
         out.completion = usage.value("completion_tokens", 0);
@@ -248,7 +251,8 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
           body["prompt"] = turn.text;
         }
         const double t0 = since_start();
-        const Outcome r = request(host, port, path, body, o, api_key, deadline);
+        const std::string session_id = o.session_id_prefix.empty() ? "" : o.session_id_prefix + std::to_string(i);
+        const Outcome r = request(host, port, path, body, o, api_key, session_id, deadline);
         const double t1 = since_start();
         std::lock_guard<std::mutex> lock(mu);
         if (r.ok && r.ttft >= 0 && s.kind == Session::Kind::Reasoning) {
@@ -265,6 +269,8 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
         st.prompt_tokens += r.prompt;
         st.cached_tokens += r.cached;
         st.completion_tokens += r.completion;
+        if (r.kvpack.is_object()) st.shared_tokens += r.kvpack.value("cached_tokens_shared", int64_t{0});
+        ++st.replica_requests[r.replica];
         if (r.ttft >= 0) st.ttft_s.push_back(r.ttft);
         st.outputs[static_cast<uint64_t>(i) * 1000 + t] = r.text;
         if (s.kind == Session::Kind::Chat) messages.push_back({{"role", "assistant"}, {"content", r.text}});
@@ -284,6 +290,7 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
   std::sort(long_output_events.begin(), long_output_events.end());  // ends before starts at equal times
   for (int32_t cur = 0; const auto& e : long_output_events) st.peak_long_output = std::max(st.peak_long_output, cur += e.second);
 
+  if (!o.scrape_metrics) return st;
   httplib::Client cli(host, port);
   httplib::Headers h;
   if (!api_key.empty()) h.emplace("Authorization", "Bearer " + api_key);
@@ -318,6 +325,48 @@ std::string markdown_table(const std::vector<RunStats>& runs) {
     s += buf;
   }
   return s;
+}
+
+std::string target_table(const std::vector<RunStats>& runs) {
+  std::string s =
+      "| run | sessions completed | requests | retries | prompt tokens | prefix hit rate | from the shared tier (tokens) | "
+      "recomputed (tokens) | TTFT p50 ms | TTFT p99 ms | output tok/s | replicas answering | wall s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  char buf[512];
+  for (const auto& r : runs) {
+    std::string replicas;
+    for (const auto& [name, n] : r.replica_requests)
+      replicas += (replicas.empty() ? "" : " ") + (name.empty() ? std::string("(no header)") : name) + ":" + std::to_string(n);
+    std::snprintf(buf, sizeof buf, "| %s | %d/%d | %lld | %lld | %lld | %.1f%% | %lld | %lld | %.1f | %.1f | %.1f | %s | %.1f |\n",
+                  r.label.c_str(), r.completed, r.sessions, static_cast<long long>(r.requests), static_cast<long long>(r.retries),
+                  static_cast<long long>(r.prompt_tokens), 100.0 * r.prefix_hit_rate(), static_cast<long long>(r.shared_tokens),
+                  static_cast<long long>(r.prompt_tokens - r.cached_tokens), 1e3 * r.ttft_quantile(0.5), 1e3 * r.ttft_quantile(0.99),
+                  r.output_tok_s(), replicas.c_str(), r.wall_s);
+    s += buf;
+  }
+  return s;
+}
+
+std::string run_json(const RunStats& r) {
+  json j = {{"label", r.label},
+            {"sessions", r.sessions},
+            {"completed", r.completed},
+            {"failed", r.failed},
+            {"requests", r.requests},
+            {"retries", r.retries},
+            {"prompt_tokens", r.prompt_tokens},
+            {"cached_tokens", r.cached_tokens},
+            {"shared_tokens", r.shared_tokens},
+            {"recomputed_tokens", r.prompt_tokens - r.cached_tokens},
+            {"completion_tokens", r.completion_tokens},
+            {"prefix_hit_rate", r.prefix_hit_rate()},
+            {"ttft_p50_ms", 1e3 * r.ttft_quantile(0.5)},
+            {"ttft_p99_ms", 1e3 * r.ttft_quantile(0.99)},
+            {"output_tok_s", r.output_tok_s()},
+            {"wall_s", r.wall_s},
+            {"replica_requests", r.replica_requests},
+            {"first_error", r.first_error}};
+  return j.dump();
 }
 
 }  // namespace kvpack::server::bench

@@ -54,6 +54,10 @@ struct ReplayOptions {
   double timeout_s = 900;       // whole replay
   double temperature = 0.8;     // 0: greedy (outputs comparable across runs whatever the batching)
   std::string progress_label;   // non-empty: a progress bar / periodic lines on stderr (sessions done)
+  // Every request of session i carries "X-Session-Id: <session_id_prefix><i>" (empty: no header): the key a
+  // router hashes to keep a conversation on the replica that holds its KV (deploy/haproxy/).
+  std::string session_id_prefix = "bench-";
+  bool scrape_metrics = true;   // false against a router: its /metrics would be one replica's, not the run's
 };
 
 struct RunStats {
@@ -67,6 +71,10 @@ struct RunStats {
   // From the server's /metrics after the run.
   int64_t peak_running = 0, preemptions = 0, freed_pages = 0, prefix_hit_tokens = 0;
   int64_t swap_outs = 0, recomputes = 0;
+  // From the responses: prompt tokens the server loaded from a shared tier (usage.kvpack.cached_tokens_shared,
+  // part of cached_tokens), and requests per replica (the X-Kvpack-Replica header a router adds; "" = none).
+  int64_t shared_tokens = 0;
+  std::map<std::string, int64_t> replica_requests;
   // Generated text per request (key: session index * 1000 + turn), to compare runs request by request.
   std::map<uint64_t, std::string> outputs;
   // Client side: most reasoning (long-output) sessions streaming at the same moment, each counted from
@@ -87,5 +95,10 @@ RunStats replay(const std::string& host, int port, const std::vector<Session>& m
                 const std::string& api_key = "");
 
 std::string markdown_table(const std::vector<RunStats>& runs);
+// Runs against external endpoints (`bench serve --target`): client-side figures only, shared-tier hits and
+// recomputed prompt tokens side by side.
+std::string target_table(const std::vector<RunStats>& runs);
+// One run as a JSON object (the target table's figures plus the per-request outputs' count).
+std::string run_json(const RunStats& r);
 
 }  // namespace kvpack::server::bench
