@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "sse_events.h"
 #include "engine/engine.h"
 #include "server/server.h"
 #include "server_model_fixture.h"
@@ -59,18 +60,9 @@ class FirstHourServerTest : public test::StoriesModelTest {
   std::vector<json> stream(const std::string& path, json body, bool* done) const {
     body["stream"] = true;
     auto r = client()->Post(path.c_str(), body.dump(), "application/json");
-    std::vector<json> events;
     *done = false;
-    if (!r) return events;
-    std::string buf = r->body;
-    for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
-      const std::string ev = buf.substr(0, end);
-      buf.erase(0, end + 2);
-      if (ev.rfind("data: ", 0) != 0) continue;
-      if (ev == "data: [DONE]") *done = true;
-      else events.push_back(json::parse(ev.substr(6)));
-    }
-    return events;
+    if (!r) return {};
+    return test::sse_events(r->body, done);
   }
 
   std::unique_ptr<Engine> engine;
