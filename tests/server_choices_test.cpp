@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "sse_events.h"
+#include "live_server_fixture.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "server/server.h"
@@ -25,52 +25,14 @@ const std::string kPrompt =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
     "dog, Max. One day, Lily and Max found a big red ball under a tree.";
 
-struct Reply {
-  int status = 0;
-  json body;
-};
+using test::Reply;
 
-class ChoicesServerTest : public test::StoriesModelTest {
+class ChoicesServerTest : public test::LiveServerTest {
  protected:
-  void SetUp() override {
-    EngineOptions eo;
-    eo.threads = 1;
-    engine = std::make_unique<Engine>(*model_, eo);
-    server::ServerOptions opt;
-    opt.host = "127.0.0.1";
-    opt.port = 0;
-    opt.scheduler.max_running = 4;
-    srv = std::make_unique<server::Server>(*engine, opt);
-    port = srv->start();
-  }
-  void TearDown() override {
-    srv->stop();
-    EXPECT_EQ(srv->scheduler().check_invariants(), "");
-  }
-  std::unique_ptr<httplib::Client> client() const {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
-    c->set_read_timeout(120, 0);
-    return c;
-  }
-  Reply post(const std::string& path, const json& body) const {
-    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
-    if (!r) return {};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-  std::vector<json> stream(const std::string& path, json body, bool* done) const {
-    body["stream"] = true;
-    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
-    *done = false;
-    if (!r) return {};
-    return test::sse_events(r->body, done);
-  }
+  void configure(server::ServerOptions& opt) override { opt.scheduler.max_running = 4; }
   static std::string content(const json& choice, bool chat) {
     return chat ? choice["message"]["content"].get<std::string>() : choice["text"].get<std::string>();
   }
-
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<server::Server> srv;
-  int port = 0;
 };
 
 TEST_F(ChoicesServerTest, GreedyChoicesEqualTheSingleAnswerAndReportTheSharedPages) {

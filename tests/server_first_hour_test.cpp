@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "sse_events.h"
+#include "live_server_fixture.h"
 #include "engine/engine.h"
 #include "server/server.h"
 #include "server_model_fixture.h"
@@ -20,55 +20,9 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Reply {
-  int status = 0;
-  json body;
-};
+using test::Reply;
 
-class FirstHourServerTest : public test::StoriesModelTest {
- protected:
-  void SetUp() override {
-    EngineOptions eo;
-    eo.threads = 1;
-    engine = std::make_unique<Engine>(*model_, eo);
-    server::ServerOptions opt;
-    opt.host = "127.0.0.1";
-    opt.port = 0;
-    srv = std::make_unique<server::Server>(*engine, opt);
-    port = srv->start();
-  }
-  void TearDown() override {
-    srv->stop();
-    EXPECT_EQ(srv->scheduler().check_invariants(), "");
-  }
-  std::unique_ptr<httplib::Client> client() const {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
-    c->set_read_timeout(120, 0);
-    return c;
-  }
-  Reply post(const std::string& path, const json& body) const {
-    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
-    if (!r) return {};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-  Reply get(const std::string& path) const {
-    auto r = client()->Get(path.c_str());
-    if (!r) return {};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-  // The SSE events of a streamed request, parsed (without [DONE]); `done` says whether [DONE] came.
-  std::vector<json> stream(const std::string& path, json body, bool* done) const {
-    body["stream"] = true;
-    auto r = client()->Post(path.c_str(), body.dump(), "application/json");
-    *done = false;
-    if (!r) return {};
-    return test::sse_events(r->body, done);
-  }
-
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<server::Server> srv;
-  int port = 0;
-};
+using FirstHourServerTest = test::LiveServerTest;
 
 TEST_F(FirstHourServerTest, TokenizeAndDetokenizeRoundTripWithTheModelsTokenizer) {
   const std::string text = "Once upon a time, there was a little dog.";
