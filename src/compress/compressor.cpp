@@ -121,13 +121,8 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
 
 int64_t SequenceCompressor::cow_pages(const kv::SequenceKv& kv) const {
   if (!cfg_.enabled()) return 0;
-  const kv::PagePool& pool = kv.pool();
-  const size_t first = static_cast<size_t>(protected_prefix_ / pool.config().page_size);
   int64_t n = 0;
-  for (int32_t s = 0; s < n_streams_; ++s) {
-    const auto table = kv.page_table(s);
-    for (size_t i = first; i < table.size(); ++i) n += pool.is_shared(table[i]) ? 1 : 0;
-  }
+  for (int32_t s = 0; s < n_streams_; ++s) n += kv.shared_pages_in(s, protected_prefix_, kv.n_slots(s));
   return n;
 }
 

@@ -63,6 +63,11 @@ class SequenceKv {
   // Pages compact_stream(stream, keep) would copy before writing (shared pages it modifies): what it
   // needs free in the pool, before it gives any page back.
   int64_t compaction_copies(int32_t stream, std::span<const int32_t> keep) const;
+  // Shared pages (refcount > 1 or prefix-cached) among the pages holding slots [from, to) of `stream`:
+  // the copies a write to those slots would make first.
+  int64_t shared_pages_in(int32_t stream, int32_t from, int32_t to) const {
+    return shared_pages_in(streams_[static_cast<size_t>(stream)], from, to);
+  }
   // Recall support: one slot brought back from elsewhere (the cold tier), its K and V rows in this pool's
   // row format and its original position.
   struct InsertedSlot {
