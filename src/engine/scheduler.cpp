@@ -612,6 +612,7 @@ void Scheduler::fork(Sequence& s, const float* lg) {
     c->stats.prompt_tokens = s.stats.prompt_tokens;
     c->stats.cached_tokens = s.stats.cached_tokens;
     c->stats.cached_tokens_cold = s.stats.cached_tokens_cold;
+    c->stats.cached_tokens_shared = s.stats.cached_tokens_shared;
     c->stats.queue_seconds = s.stats.queue_seconds;
     c->stats.peak_kv_pages = s.stats.peak_kv_pages;
     c->comp_before = s.comp_before;
