@@ -178,6 +178,118 @@ TEST_F(FileColdTierTest, ATruncatedFileGivesMisses) {
   EXPECT_EQ(st.records, 3u);
 }
 
+// Reads around the page cache (O_DIRECT) for runs it does not hold, buffered for runs it holds.
+TEST_F(FileColdTierTest, CachedRunsAreReadBufferedAndOthersAroundThePageCache) {
+  auto tier = make(256);
+  if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT: every read is buffered";
+  put_run(*tier, 0, 100);
+  tier->flush();  // written: in the page cache
+  FileTierIoStats before = tier->io_stats();
+  EXPECT_EQ(get_keys(*tier, {10, 11, 12, 13}), 4u);
+  FileTierIoStats after = tier->io_stats();
+  EXPECT_EQ(after.read_calls - before.read_calls, 1u);
+  EXPECT_EQ(after.direct_read_calls, before.direct_read_calls);  // cached: buffered
+  tier->drop_page_cache();
+  before = after;
+  std::vector<uint64_t> all(100);
+  for (uint64_t k = 0; k < 100; ++k) all[k] = k;
+  EXPECT_EQ(get_keys(*tier, all), 100u);
+  after = tier->io_stats();
+  EXPECT_GE(after.direct_read_calls - before.direct_read_calls, 1u);  // from the device, around the cache
+  EXPECT_EQ(after.read_calls - before.read_calls, after.direct_read_calls - before.direct_read_calls);
+  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+  // The same tier with direct reads off reads everything buffered.
+  tier.reset();
+  FileTierOptions buffered;
+  buffered.direct_reads = false;
+  tier = make(256, buffered);
+  EXPECT_FALSE(tier->direct_reads());
+  put_run(*tier, 0, 100);
+  tier->drop_page_cache();
+  EXPECT_EQ(get_keys(*tier, all), 100u);
+  EXPECT_EQ(tier->io_stats().direct_read_calls, 0u);
+}
+
+// A read larger than one direct read (FileTierOptions::direct_read_bytes) is cut into pieces, each record
+// whole in one of them, including records that straddle a piece's block-aligned edges.
+TEST_F(FileColdTierTest, ADirectReadLargerThanItsBufferIsReadInPieces) {
+  FileTierOptions opts;
+  opts.direct_even_if_cached = true;
+  opts.direct_read_bytes = 5 * kSlotBytes + 100;  // 5 slots per piece: edges fall inside slots
+  opts.read_threads = 1;
+  auto tier = make(128, opts);
+  if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT";
+  put_run(*tier, 0, 23);
+  tier->flush();
+  std::vector<uint64_t> all(23);
+  for (uint64_t k = 0; k < 23; ++k) all[k] = 22 - k;
+  EXPECT_EQ(get_keys(*tier, all), 23u);
+  EXPECT_EQ(tier->io_stats().direct_read_calls, 5u);  // ceil(23 / 5)
+}
+
+TEST_F(FileColdTierTest, ACorruptedRecordReadAroundThePageCacheIsAMissToo) {
+  FileTierOptions opts;
+  opts.direct_even_if_cached = true;
+  auto tier = make(64, opts);
+  if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT";
+  put_run(*tier, 0, 16);
+  tier->flush();
+  flip_byte(tier->data_path(), tier->slot_of(3) * static_cast<int64_t>(kSlotBytes) + 32 + 8000);  // record bytes
+  flip_byte(tier->data_path(), tier->slot_of(9) * static_cast<int64_t>(kSlotBytes) + 1);          // header magic
+  ::testing::internal::CaptureStderr();
+  std::vector<uint64_t> all(16);
+  for (uint64_t k = 0; k < 16; ++k) all[k] = k;
+  EXPECT_EQ(get_keys(*tier, all), 14u);  // never wrong bytes (get_keys checks every hit)
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("checksum mismatch"), std::string::npos) << log;
+  EXPECT_GE(tier->io_stats().direct_read_calls, 1u);
+  EXPECT_FALSE(tier->contains(3));
+  EXPECT_FALSE(tier->contains(9));
+  EXPECT_EQ(tier->stats().checksum_failures, 2u);
+  EXPECT_EQ(tier->stats().records, 14u);
+}
+
+TEST_F(FileColdTierTest, ATruncatedFileReadAroundThePageCacheGivesMisses) {
+  FileTierOptions opts;
+  opts.direct_even_if_cached = true;
+  auto tier = make(64, opts);
+  if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT";
+  put_run(*tier, 0, 8);
+  tier->flush();
+  ASSERT_EQ(::truncate(tier->data_path().c_str(), static_cast<off_t>(3 * kSlotBytes + 100)), 0);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(get_keys(*tier, {0, 1, 2, 3, 4, 5, 6, 7}), 3u);  // slots 0-2 are whole, 3 is cut, 4-7 gone
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("short read"), std::string::npos);
+  EXPECT_GE(tier->io_stats().direct_read_calls, 1u);
+  EXPECT_EQ(tier->stats().checksum_failures, 5u);
+  EXPECT_EQ(tier->stats().records, 3u);
+}
+
+// The slots a take_many frees are handed out again in ascending order, so the next batch of puts (the
+// next swap-out) is one run of consecutive slots: one read to bring it back.
+TEST_F(FileColdTierTest, SlotsFreedByATakeAreReusedAsOneAscendingRun) {
+  auto tier = make(40);
+  put_run(*tier, 0, 40);  // the tier is full: no fresh slots to fall back on
+  tier->flush();
+  std::vector<uint64_t> keys(40);
+  for (uint64_t k = 0; k < 40; ++k) keys[k] = k;
+  std::vector<std::vector<uint8_t>> out(40, std::vector<uint8_t>(kRecordBytes));
+  std::vector<uint8_t*> ptrs;
+  for (auto& o : out) ptrs.push_back(o.data());
+  bool ok[40];
+  tier->take_many(keys, ptrs, ok);
+  for (bool b : ok) ASSERT_TRUE(b);
+  put_run(*tier, 1000, 40, 3);
+  const int64_t first = tier->slot_of(1000);
+  for (uint64_t i = 0; i < 40; ++i) EXPECT_EQ(tier->slot_of(1000 + i), first + static_cast<int64_t>(i)) << i;
+  tier->flush();
+  std::vector<uint64_t> again(40);
+  for (uint64_t k = 0; k < 40; ++k) again[k] = 1000 + k;
+  const uint64_t calls = tier->io_stats().read_calls;
+  EXPECT_EQ(get_keys(*tier, again, 3), 40u);
+  EXPECT_EQ(tier->io_stats().read_calls - calls, 1u);
+}
+
 TEST_F(FileColdTierTest, StartsCleanOverWhatAKilledProcessLeft) {
   const std::string data = dir_.path() + "/" + FileColdTier::kDataFileName;
   {

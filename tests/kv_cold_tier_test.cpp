@@ -40,11 +40,14 @@ constexpr size_t kFileSlotBytes = sizeof(FileColdTier::SlotHeader) + kRecordByte
 class ColdTierContract : public ::testing::TestWithParam<std::string> {
  protected:
   // "host" and "dir" with their defaults; "host-threads" splits batches over 3 threads and "dir-1reader"
-  // reads with the caller alone (the batched paths with and without parallel parts).
+  // reads with the caller alone (the batched paths with and without parallel parts); "dir-direct" reads
+  // every run with O_DIRECT, "dir-buffered" none.
   std::unique_ptr<ColdTier> make(int64_t records, size_t record_bytes = kRecordBytes, FileTierOptions opts = {}) {
     if (GetParam() == "host") return std::make_unique<HostColdTier>(records * record_bytes, record_bytes);
     if (GetParam() == "host-threads") return std::make_unique<HostColdTier>(records * record_bytes, record_bytes, 3);
     if (GetParam() == "dir-1reader") opts.read_threads = 1;
+    if (GetParam() == "dir-direct") opts.direct_even_if_cached = true;  // every read around the page cache
+    if (GetParam() == "dir-buffered") opts.direct_reads = false;       // every read through it
     return std::make_unique<FileColdTier>(dir_.path() + "/tier", records * (sizeof(FileColdTier::SlotHeader) + record_bytes),
                                           record_bytes, opts);
   }
@@ -328,7 +331,35 @@ TEST_P(ColdTierContract, PutManyBeyondTheCapKeepsTheNewestWithTheirOwnBytes) {
   for (uint64_t k = 115; k < 124; ++k) EXPECT_TRUE(tier->contains(k)) << k;  // the nine newest besides 124
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ColdTierContract, ::testing::Values("host", "host-threads", "dir", "dir-1reader"),
+// A batch larger than cold::kStreamingCopyBytes: copied with streaming stores (host), hashed and copied
+// out of a bounce buffer (dir, read direct), and still bit-exact.
+TEST_P(ColdTierContract, ABatchLargerThanTheCachesRoundTripsBitExact) {
+  const size_t n = cold::kStreamingCopyBytes / kRecordBytes + 40;
+  auto tier = make(static_cast<int64_t>(n));
+  std::vector<uint64_t> keys(n);
+  std::vector<std::vector<uint8_t>> records;
+  std::vector<const uint8_t*> data;
+  for (size_t i = 0; i < n; ++i) {
+    keys[i] = 77 + 3 * i;
+    records.push_back(make_record(keys[i], 4, kRecordBytes));
+  }
+  for (const auto& r : records) data.push_back(r.data());
+  std::unique_ptr<bool[]> ok(new bool[n]);
+  tier->put_many(keys, data, {ok.get(), n});
+  for (size_t i = 0; i < n; ++i) ASSERT_TRUE(ok[i]) << i;
+  tier->flush();
+  std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(kRecordBytes));
+  std::vector<uint8_t*> ptrs;
+  for (auto& o : out) ptrs.push_back(o.data());
+  tier->take_many(keys, ptrs, {ok.get(), n});
+  size_t exact = 0;
+  for (size_t i = 0; i < n; ++i) exact += ok[i] && out[i] == records[i];
+  EXPECT_EQ(exact, n);
+  EXPECT_EQ(tier->stats().records, 0u);
+  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ColdTierContract, ::testing::Values("host", "host-threads", "dir", "dir-1reader", "dir-direct", "dir-buffered"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -463,11 +494,46 @@ TEST(ColdTierSpec, BadSpecsNameTheSpecAndTheProblem) {
   EXPECT_THROW(make_cold_tier("host:1M", 0), std::invalid_argument);
 }
 
+TEST(ColdTierChecksum, CopyWithChecksumIsACopyPlusTheRecordChecksumAtAnyAlignmentAndSize) {
+  std::mt19937_64 rng(3);
+  std::vector<uint8_t> src(3 * 4096 + 200), dst(src.size() + 64);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{64}, size_t{4095}, size_t{4096},
+                       size_t{4097}, size_t{8192 + 64}, size_t{3 * 4096 + 7}}) {
+    for (size_t src_off : {0, 1, 8, 13}) {
+      for (size_t dst_off : {0, 1, 5, 16, 33}) {
+        for (bool streaming : {false, true}) {
+          std::fill(dst.begin(), dst.end(), uint8_t{0xee});
+          const uint8_t* s = src.data() + src_off;
+          const uint64_t sum = cold::copy_with_checksum(42, s, dst.data() + dst_off, bytes, 99, streaming);
+          EXPECT_EQ(sum, cold::record_checksum(42, {s, bytes}, 99)) << bytes << " " << src_off << " " << dst_off;
+          EXPECT_TRUE(std::equal(s, s + bytes, dst.begin() + static_cast<std::ptrdiff_t>(dst_off)))
+              << bytes << " " << src_off << " " << dst_off << " " << streaming;
+          // Nothing outside the destination range is touched.
+          EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(dst_off), [](uint8_t b) { return b == 0xee; }));
+          EXPECT_TRUE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(dst_off + bytes), dst.end(),
+                                  [](uint8_t b) { return b == 0xee; }));
+        }
+      }
+    }
+  }
+  // The checksum changes with the key, the seed and any byte.
+  std::vector<uint8_t> d(100);
+  const uint64_t base = cold::copy_with_checksum(1, src.data(), d.data(), 100, 0, true);
+  EXPECT_NE(base, cold::copy_with_checksum(2, src.data(), d.data(), 100, 0, true));
+  EXPECT_NE(base, cold::copy_with_checksum(1, src.data(), d.data(), 100, 1, true));
+  src[50] ^= 1;
+  EXPECT_NE(base, cold::copy_with_checksum(1, src.data(), d.data(), 100, 0, true));
+}
+
 TEST(ColdTierProbes, BandwidthProbesReturnPositiveRates) {
   TempDir dir;
   EXPECT_GT(measure_memcpy_gbps(size_t{8} << 20), 0.0);
   const SequentialReadMeasurement m = measure_sequential_read(dir.path(), size_t{16} << 20);
   EXPECT_GT(m.gbps, 0.0);
+  EXPECT_GT(m.buffered_gbps, 0.0);
+  EXPECT_GE(m.direct_gbps, 0.0);  // 0 where O_DIRECT is refused
+  EXPECT_EQ(m.gbps, std::max(m.buffered_gbps, m.direct_gbps));
   EXPECT_GE(m.resident_fraction, 0.0);
   EXPECT_LE(m.resident_fraction, 1.0);
   EXPECT_TRUE(fs::is_empty(dir.path()));  // the scratch file is gone

@@ -4,7 +4,9 @@
 //     cost does not depend on K/V values) is swapped out and back through the real KV manager, from host
 //     memory and from a directory, and checked bit-identical. The host figure is set against memcpy
 //     bandwidth of the same bytes; the directory figure (page cache dropped, so the device is read)
-//     against a sequential read of a file of the same size in the same directory.
+//     against a sequential read of a file of the same size in the same directory (the faster of a
+//     buffered and an O_DIRECT read, 8 MiB at a time). Each round measures
+//     its own reference right after its swap-in (bandwidth drifts within minutes on a VM); medians.
 //  2. A returning chat: a --chat-tokens history is served (its blocks registered), other traffic then
 //     takes every page (the history's blocks are reused: spilled to the tier when there is one), and the
 //     second turn arrives. Time to first token (queue + prefill, engine side) with the cold tier vs
@@ -13,13 +15,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
 
+#include "bench_peer.h"  // machine_line(), loadavg()
 #include "commands.h"
 #include "engine/scheduler.h"
 #include "kv/cold_tier_file.h"
@@ -51,38 +56,57 @@ std::vector<uint8_t> snapshot(const kv::SequenceKv& kv) {
   return out;
 }
 
-struct SwapResult {
-  double out_gbps = 0, in_gbps = 0;
+struct SwapRounds {
+  std::vector<double> out_gbps, in_gbps, ref_gbps, ratio;  // per round; ratio = in / ref of that round
   bool identical = false;
   size_t bytes = 0;
 };
 
-// Best of `repeats` swap-out / swap-in cycles of one sequence; `before_in` runs between them (untimed).
-SwapResult swap_cycle(Engine& engine, int32_t tokens, int repeats, const std::function<void()>& before_in) {
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// `repeats` rounds of: swap one sequence out, `before_in` (untimed), swap it in, `reference` (the
+// bandwidth the swap-in is judged against, measured right after it: a machine's memory or disk bandwidth
+// drifts within minutes, so each round's swap is set against its own reference).
+SwapRounds swap_rounds(const char* name, Engine& engine, int32_t tokens, int repeats, const std::function<void()>& before_in,
+                       const std::function<double(size_t bytes)>& reference) {
   kv::KvManager& m = engine.kv();
   auto kv = m.new_sequence(tokens);
   fill_random(*kv, tokens, 7);
   const std::vector<uint8_t> want = snapshot(*kv);
-  SwapResult r;
+  SwapRounds r;
   r.bytes = want.size();
   r.identical = true;
+  const double gb = static_cast<double>(r.bytes) / 1e9;
   for (int i = 0; i < repeats; ++i) {
     kv::SwappedKv sw;
     double t0 = now_s();
     if (!m.swap_out(*kv, 1000 + static_cast<uint64_t>(i), sw)) throw std::runtime_error("bench cold: the tier refused the swap-out");
     m.cold_tier()->flush();
-    const double t_out = now_s() - t0;
+    r.out_gbps.push_back(gb / (now_s() - t0));
     kv.reset();
     if (before_in) before_in();
     t0 = now_s();
     kv = m.swap_in(sw, tokens);
-    const double t_in = now_s() - t0;
+    r.in_gbps.push_back(gb / (now_s() - t0));
     if (!kv) throw std::runtime_error("bench cold: swap-in lost a record");
     r.identical &= snapshot(*kv) == want;
-    r.out_gbps = std::max(r.out_gbps, static_cast<double>(r.bytes) / t_out / 1e9);
-    r.in_gbps = std::max(r.in_gbps, static_cast<double>(r.bytes) / t_in / 1e9);
+    r.ref_gbps.push_back(reference(r.bytes));
+    r.ratio.push_back(r.in_gbps.back() / r.ref_gbps.back());
+    std::printf("%s round %d: swap-out %.2f, swap-in %.2f, reference %.2f GB/s (%.0f%%)\n", name, i + 1, r.out_gbps.back(),
+                r.in_gbps.back(), r.ref_gbps.back(), 100 * r.ratio.back());
   }
   return r;
+}
+
+void print_swap_row(const char* name, const SwapRounds& r, const std::string& reference) {
+  const auto [lo, hi] = std::minmax_element(r.ratio.begin(), r.ratio.end());
+  std::printf("| %s | %.2f | %.2f | %.2f (%s) | %.0f%% (%.0f-%.0f%%) | %s |\n", name, median(r.out_gbps), median(r.in_gbps),
+              median(r.ref_gbps), reference.c_str(), 100 * median(r.ratio), 100 * *lo, 100 * *hi, r.identical ? "yes" : "NO");
 }
 
 // Engine-side time to first token of `req` (queue + prefill), run to completion on `sched`.
@@ -147,11 +171,11 @@ void add_bench_cold(CLI::App& bench) {
   add_model_options(*cmd, *o);
   auto tokens = std::make_shared<int32_t>(2048);
   auto chat = std::make_shared<int32_t>(1500);
-  auto repeats = std::make_shared<int>(3);
+  auto repeats = std::make_shared<int>(5);
   auto dir = std::make_shared<std::string>();
   cmd->add_option("--tokens", *tokens, "Tokens of the swapped sequence")->check(CLI::Range(16, 1 << 20));
   cmd->add_option("--chat-tokens", *chat, "History of the returning chat")->check(CLI::Range(16, 1 << 20));
-  cmd->add_option("--repeats", *repeats, "Swap cycles (best is reported)")->check(CLI::Range(1, 100));
+  cmd->add_option("--repeats", *repeats, "Rounds of swap + reference (medians are reported)")->check(CLI::Range(1, 100));
   cmd->add_option("--dir", *dir, "Directory for the file tier (default: a new one under the current directory)");
   cmd->callback([=] {
     auto model = load_model(*o);
@@ -164,45 +188,45 @@ void add_bench_cold(CLI::App& bench) {
     const std::string path = dir->empty() ? (std::filesystem::current_path() / ("kvpack-bench-cold-" + std::to_string(getpid()))).string() : *dir;
     std::filesystem::create_directories(path);
 
-    std::printf("# kvpack bench cold\n\nmodel %s: %d layers x %d KV heads, head_dim %d, KV %s; sequence %d tokens; file tier in %s\n\n",
-                c.name.c_str(), c.n_layer, c.n_head_kv, c.head_dim, kernels::kv_type_name(eo.kv_type), *tokens, path.c_str());
+    const std::time_t tt = std::time(nullptr);
+    char date[64];
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M %Z", std::localtime(&tt));
+    std::printf("# kvpack bench cold, %s\n# machine: %s; load average %s\n\nmodel %s: %d layers x %d KV heads, head_dim %d, KV %s; sequence %d tokens; file tier in %s\n\n",
+                date, bench_peer::machine_line().c_str(), bench_peer::loadavg().c_str(), c.name.c_str(), c.n_layer, c.n_head_kv, c.head_dim,
+                kernels::kv_type_name(eo.kv_type), *tokens, path.c_str());
     EngineOptions host_eo = eo;
     host_eo.kv_cold = "host:" + std::to_string(cap);
     Engine host_engine(*model, host_eo);
-    const SwapResult host = swap_cycle(host_engine, *tokens, *repeats, nullptr);
     const int io_threads = host_engine.runner().threads().size();
-    const double memcpy_gbps = kv::measure_memcpy_gbps(host.bytes, io_threads);
+    const SwapRounds host = swap_rounds("host", host_engine, *tokens, *repeats, nullptr,
+                                        [&](size_t bytes) { return kv::measure_memcpy_gbps(bytes, io_threads); });
 
     EngineOptions dir_eo = eo;
     dir_eo.kv_cold = "dir:" + path + ":" + std::to_string(cap);
-    SwapResult file, file_nohint;
-    double disk_gbps = 0, disk_resident = 0;
+    SwapRounds file;
+    double resident = 0;
+    std::vector<double> buffered_ref, direct_ref;
     {
       Engine dir_engine(*model, dir_eo);
       auto* tier = dynamic_cast<kv::FileColdTier*>(dir_engine.kv().cold_tier());
-      file = swap_cycle(dir_engine, *tokens, *repeats, [tier] { tier->drop_page_cache(); });
-      const auto seq = kv::measure_sequential_read(path, file.bytes);
-      disk_gbps = seq.gbps;
-      disk_resident = seq.resident_fraction;
-      // The same without the read-ahead hint (FileTierOptions::readahead_hint), side by side.
-      dir_engine.kv().set_cold_tier(nullptr);  // releases the directory before the next tier locks it
-      kv::FileTierOptions plain;
-      plain.read_threads = std::max(plain.read_threads, io_threads);
-      plain.readahead_hint = false;
-      auto nohint = std::make_unique<kv::FileColdTier>(path, cap, record, plain);
-      auto* raw = nohint.get();
-      dir_engine.kv().set_cold_tier(std::move(nohint));
-      file_nohint = swap_cycle(dir_engine, *tokens, *repeats, [raw] { raw->drop_page_cache(); });
+      file = swap_rounds("file", dir_engine, *tokens, *repeats, [tier] { tier->drop_page_cache(); }, [&](size_t bytes) {
+        const auto seq = kv::measure_sequential_read(path, bytes);
+        resident = std::max(resident, seq.resident_fraction);
+        buffered_ref.push_back(seq.buffered_gbps);
+        direct_ref.push_back(seq.direct_gbps);
+        return seq.gbps;
+      });
     }
-    std::printf("| swap of %.1f MiB | swap-out GB/s | swap-in GB/s | reference GB/s | swap-in / reference | bit-identical |\n"
-                "|---|---:|---:|---:|---:|---|\n"
-                "| host memory | %.2f | %.2f | %.2f (memcpy, %d threads) | %.0f%% | %s |\n"
-                "| file tier (page cache dropped) | %.2f | %.2f | %.2f (sequential read, %.0f%% cached) | %.0f%% | %s |\n"
-                "| file tier, no read-ahead hint | %.2f | %.2f | same | %.0f%% | %s |\n\n",
-                static_cast<double>(host.bytes) / (1 << 20), host.out_gbps, host.in_gbps, memcpy_gbps, io_threads, 100 * host.in_gbps / memcpy_gbps,
-                host.identical ? "yes" : "NO", file.out_gbps, file.in_gbps, disk_gbps, 100 * disk_resident,
-                100 * file.in_gbps / disk_gbps, file.identical ? "yes" : "NO", file_nohint.out_gbps, file_nohint.in_gbps,
-                100 * file_nohint.in_gbps / disk_gbps, file_nohint.identical ? "yes" : "NO");
+    std::printf("\n%d rounds; each round swaps out, swaps in, then measures its reference; medians, and the range of the per-round ratio\n\n"
+                "| swap of %.1f MiB | swap-out GB/s | swap-in GB/s | reference GB/s | swap-in / reference | bit-identical |\n"
+                "|---|---:|---:|---:|---:|---|\n",
+                *repeats, static_cast<double>(host.bytes) / (1 << 20));
+    print_swap_row("host memory", host, "memcpy, " + std::to_string(io_threads) + " threads");
+    char ref[160];
+    std::snprintf(ref, sizeof ref, "the faster sequential read: buffered %.2f, O_DIRECT %.2f; at most %.0f%% cached",
+                  median(buffered_ref), median(direct_ref), 100 * resident);
+    print_swap_row("file tier (page cache dropped)", file, ref);
+    std::printf("\n");
     std::fflush(stdout);
 
     // Returning chat: the pool holds the history plus a little; other traffic then takes it all.

@@ -65,7 +65,16 @@ cold::UniqueFd open_data_file(const std::string& dir, const std::string& path, u
   return fd;
 }
 
+// Direct reads: offsets, lengths and the buffer address aligned to 4 KiB (the largest logical block size
+// in use; 512-byte devices accept it too).
+constexpr size_t kDirectAlign = 4096;
+
+size_t align_down(size_t x) { return x / kDirectAlign * kDirectAlign; }
+size_t align_up(size_t x) { return (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
+
 }  // namespace
+
+void FileColdTier::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 FileColdTier::FileColdTier(const std::string& dir, uint64_t cap_bytes, size_t record_bytes, FileTierOptions options)
     : IndexedTier(record_bytes, cold::slots_within(cap_bytes, record_bytes, sizeof(SlotHeader) + record_bytes),
@@ -74,8 +83,27 @@ FileColdTier::FileColdTier(const std::string& dir, uint64_t cap_bytes, size_t re
       generation_(fresh_generation()),
       path_((std::filesystem::path(dir) / kDataFileName).string()),
       max_write_batch_(std::clamp<size_t>(options.max_write_batch, 1, cold::kMaxIovecs)),
-      readahead_hint_(options.readahead_hint) {
-  fd_ = open_data_file(dir, path_, static_cast<uint64_t>(index_.capacity()) * slot_bytes_);
+      readahead_hint_(options.readahead_hint),
+      direct_even_if_cached_(options.direct_even_if_cached),
+      direct_piece_slots_(std::max<size_t>(1, options.direct_read_bytes / slot_bytes_)) {
+  const uint64_t file_bytes = static_cast<uint64_t>(index_.capacity()) * slot_bytes_;
+  fd_ = open_data_file(dir, path_, file_bytes);
+  if (options.direct_reads) {
+    // A file system without O_DIRECT refuses the open (EINVAL) or, on some, the first read: both leave
+    // the tier on buffered reads.
+    direct_fd_ = cold::UniqueFd(::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NOFOLLOW));
+    if (direct_fd_) {
+      // Address space only: the map is never read, so it costs no memory, and without it every run
+      // counts as uncached (read direct), which is correct, only slower for a recent write.
+      void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd_.get(), 0);
+      if (map != MAP_FAILED) {
+        map_ = map;
+        map_bytes_ = file_bytes;
+      }
+      bounce_.resize(static_cast<size_t>(io_threads()));
+      direct_ok_.store(true, std::memory_order_relaxed);
+    }
+  }
   const size_t n_entries = std::clamp<size_t>(options.staging_bytes / slot_bytes_, 2,
                                               static_cast<size_t>(std::max<int64_t>(2, index_.capacity())));
   stage_ = std::make_unique_for_overwrite<uint8_t[]>(n_entries * slot_bytes_);
@@ -91,6 +119,7 @@ FileColdTier::~FileColdTier() {
   }
   work_cv_.notify_all();
   writer_.join();
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
   ::unlink(path_.c_str());  // a cache: useless to the next process, which would truncate it anyway
 }
 
@@ -192,6 +221,12 @@ void FileColdTier::writer_loop() {
       entries_[static_cast<size_t>(e)].state = StageState::kWriting;
       batch.push_back(e);
     }
+    // In slot order: a batch put into descending or scattered free slots (the free list's order after
+    // releases) still goes out as runs of consecutive slots, one pwritev each. Each slot is in a batch at
+    // most once (a newer put of a slot cancels the queued one).
+    std::sort(batch.begin(), batch.end(), [&](int a, int b) {
+      return entries_[static_cast<size_t>(a)].slot < entries_[static_cast<size_t>(b)].slot;
+    });
     writing_ = batch.size();
     lock.unlock();
     write_batch(batch, written);
@@ -310,7 +345,7 @@ void FileColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
   }
   if (reads.empty()) return;
   std::sort(reads.begin(), reads.end(), [](const PendingRead& a, const PendingRead& b) { return a.slot < b.slot; });
-  if (readahead_hint_ && reads.size() > 1) {
+  if (readahead_hint_ && !direct_reads() && reads.size() > 1) {
     for (size_t begin = 0; begin < reads.size();) {
       size_t end = begin + 1;
       while (end < reads.size() && reads[end].slot == reads[end - 1].slot + 1) ++end;
@@ -322,14 +357,18 @@ void FileColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
   const size_t per_task = std::max<size_t>(1, (size_t{1} << 20) / slot_bytes_);
   const int tasks = tasks_for(reads.size(), per_task);
   const size_t n = reads.size();
-  for_each_task(tasks, [&](int task) {
+  const bool streaming = n * record_bytes_ >= cold::kStreamingCopyBytes;
+  for_each_task_on_thread(tasks, [&](int task, int thread) {
     const size_t begin = n * static_cast<size_t>(task) / static_cast<size_t>(tasks);
     const size_t end = n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks);
-    read_runs(std::span<PendingRead>(reads).subspan(begin, end - begin), out);
+    read_runs(std::span<PendingRead>(reads).subspan(begin, end - begin), out, thread, streaming);
   });
 
   std::lock_guard lock(mu_);
-  for (const PendingRead& r : reads) {
+  // In descending slot order: release() puts a slot at the front of the free list, so the slots a take
+  // frees are handed out again in ascending order, and the next batch of puts lands in one run.
+  for (auto it = reads.rbegin(); it != reads.rend(); ++it) {
+    const PendingRead& r = *it;
     const Slot now = index_.find(r.key);
     if (r.outcome == PendingRead::kHit) {
       if (take && now != kNoSlot) {
@@ -354,43 +393,124 @@ void FileColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
   }
 }
 
-// Outside the lock: reads runs of consecutive slots (sorted) with one preadv each and verifies them.
-void FileColdTier::read_runs(std::span<PendingRead> reads, std::span<uint8_t* const> out) {
+// Outside the lock: cuts `reads` (sorted by slot) into runs of consecutive slots and reads each one,
+// around the page cache unless it is all cached (see the header).
+void FileColdTier::read_runs(std::span<PendingRead> reads, std::span<uint8_t* const> out, int thread, bool streaming) {
   constexpr size_t kRecordsPerCall = cold::kMaxIovecs / 2;  // a header and a record per slot
-  std::vector<SlotHeader> headers(std::min(reads.size(), kRecordsPerCall));
-  std::vector<iovec> iov;
-  uint64_t calls = 0, bytes = 0;
+  std::vector<SlotHeader> headers;
+  uint64_t calls = 0, direct_calls = 0, bytes = 0;
   for (size_t begin = 0; begin < reads.size();) {
     size_t end = begin + 1;
     while (end < reads.size() && end - begin < kRecordsPerCall &&
            reads[end].slot == reads[begin].slot + static_cast<Slot>(end - begin)) {
       ++end;
     }
-    iov.clear();
-    for (size_t i = begin; i < end; ++i) {
-      iov.push_back({&headers[i - begin], sizeof(SlotHeader)});
-      iov.push_back({out[reads[i].index], record_bytes_});
-    }
-    const cold::TransferResult t = cold::read_fully(fd_.get(), iov, static_cast<int64_t>(reads[begin].slot) * slot_bytes_);
-    calls += t.calls;
-    bytes += t.bytes;
-    for (size_t i = begin; i < end; ++i) {
-      PendingRead& r = reads[i];
-      if ((i - begin + 1) * slot_bytes_ > t.bytes) {
-        r.outcome = PendingRead::kShort;  // truncated file or an I/O error
+    const std::span<PendingRead> run = reads.subspan(begin, end - begin);
+    begin = end;
+    if (direct_reads() && (direct_even_if_cached_ || !run_is_cached(run.front().slot, run.size()))) {
+      auto& bounce = bounce_[static_cast<size_t>(thread)];
+      if (!bounce) {
+        bounce.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, align_up(direct_piece_slots_ * slot_bytes_) + kDirectAlign)));
+      }
+      uint64_t c = 0;
+      if (bounce && read_run_direct(run, out, bounce.get(), streaming, c, bytes)) {
+        calls += c;
+        direct_calls += c;
         continue;
       }
-      const SlotHeader& h = headers[i - begin];
-      const bool valid = h.magic == kMagic && h.record_bytes == record_bytes_ && h.generation == generation_ &&
-                         h.key == r.key &&
-                         h.checksum == cold::record_checksum(r.key, {out[r.index], record_bytes_}, generation_);
-      r.outcome = valid ? PendingRead::kHit : PendingRead::kCorrupt;
+      calls += c;  // refused (or no buffer): read it buffered below
     }
-    begin = end;
+    if (headers.size() < run.size()) headers.resize(run.size());
+    read_run_buffered(run, out, headers.data(), calls, bytes);
   }
   std::lock_guard lock(mu_);
   io_.read_calls += calls;
+  io_.direct_read_calls += direct_calls;
   io_.disk_bytes_read += bytes;
+}
+
+void FileColdTier::read_run_buffered(std::span<PendingRead> run, std::span<uint8_t* const> out, SlotHeader* headers,
+                                     uint64_t& calls, uint64_t& bytes) {
+  std::vector<iovec> iov;
+  iov.reserve(2 * run.size());
+  for (size_t i = 0; i < run.size(); ++i) {
+    iov.push_back({&headers[i], sizeof(SlotHeader)});
+    iov.push_back({out[run[i].index], record_bytes_});
+  }
+  const cold::TransferResult t = cold::read_fully(fd_.get(), iov, static_cast<int64_t>(run.front().slot) * slot_bytes_);
+  calls += t.calls;
+  bytes += t.bytes;
+  for (size_t i = 0; i < run.size(); ++i) {
+    PendingRead& r = run[i];
+    if ((i + 1) * slot_bytes_ > t.bytes) {
+      r.outcome = PendingRead::kShort;  // truncated file or an I/O error
+      continue;
+    }
+    const SlotHeader& h = headers[i];
+    const bool valid = h.magic == kMagic && h.record_bytes == record_bytes_ && h.generation == generation_ &&
+                       h.key == r.key &&
+                       h.checksum == cold::record_checksum(r.key, {out[r.index], record_bytes_}, generation_);
+    r.outcome = valid ? PendingRead::kHit : PendingRead::kCorrupt;
+  }
+}
+
+bool FileColdTier::read_run_direct(std::span<PendingRead> run, std::span<uint8_t* const> out, uint8_t* bounce,
+                                   bool streaming, uint64_t& calls, uint64_t& bytes) {
+  const size_t per_piece = direct_piece_slots_;
+  for (size_t begin = 0; begin < run.size(); begin += per_piece) {
+    const size_t n = std::min(per_piece, run.size() - begin);
+    const size_t first = static_cast<size_t>(run[begin].slot) * slot_bytes_;
+    const size_t from = align_down(first);
+    const size_t to = align_up(first + n * slot_bytes_);
+    iovec iov{bounce, to - from};
+    const cold::TransferResult t = cold::read_fully(direct_fd_.get(), {&iov, 1}, static_cast<int64_t>(from));
+    calls += t.calls;
+    if (t.error == EINVAL) {  // this file system does not do O_DIRECT after all: buffered from now on
+      if (direct_ok_.exchange(false)) {
+        std::fprintf(stderr, "[kvpack] cold tier: %s refuses O_DIRECT reads; reading through the page cache\n", path_.c_str());
+      }
+      if (begin == 0) return false;
+      // Pieces already read keep their outcomes; the rest of the run is read buffered.
+      std::vector<SlotHeader> headers(run.size() - begin);
+      read_run_buffered(run.subspan(begin), out, headers.data(), calls, bytes);
+      return true;
+    }
+    bytes += t.bytes;
+    for (size_t i = 0; i < n; ++i) {
+      PendingRead& r = run[begin + i];
+      const size_t at = first + i * slot_bytes_ - from;  // the slot's offset in the bounce buffer
+      if (at + slot_bytes_ > t.bytes) {
+        r.outcome = PendingRead::kShort;  // truncated file or an I/O error
+        continue;
+      }
+      SlotHeader h;
+      std::memcpy(&h, bounce + at, sizeof h);
+      if (h.magic != kMagic || h.record_bytes != record_bytes_ || h.generation != generation_ || h.key != r.key) {
+        r.outcome = PendingRead::kCorrupt;
+        continue;
+      }
+      const uint64_t sum = cold::copy_with_checksum(r.key, bounce + at + sizeof h, out[r.index], record_bytes_, generation_, streaming);
+      r.outcome = sum == h.checksum ? PendingRead::kHit : PendingRead::kCorrupt;
+    }
+  }
+  return true;
+}
+
+bool FileColdTier::run_is_cached(Slot first, size_t n) const {
+  if (map_ == nullptr) return false;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t from = static_cast<size_t>(first) * slot_bytes_ / page * page;
+  const size_t to = std::min(map_bytes_, static_cast<size_t>(first) * slot_bytes_ + n * slot_bytes_);
+  unsigned char resident[256];
+  for (size_t at = from; at < to;) {
+    const size_t len = std::min(to - at, sizeof resident * page);
+    if (::mincore(static_cast<uint8_t*>(map_) + at, len, resident) != 0) return false;
+    const size_t pages = (len + page - 1) / page;
+    for (size_t i = 0; i < pages; ++i)
+      if (!(resident[i] & 1)) return false;
+    at += len;
+  }
+  return true;
 }
 
 void FileColdTier::log_once(const char* what, Slot s) {
@@ -451,15 +571,29 @@ SequentialReadMeasurement measure_sequential_read(const std::string& dir, size_t
     ::munmap(map, bytes);
   }
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t done = 0; done < bytes;) {
-    iovec iov{block.get(), std::min(kBlock, bytes - done)};
-    const cold::TransferResult r = cold::read_fully(fd.get(), {&iov, 1}, static_cast<int64_t>(done));
-    if (r.error != 0 || r.bytes == 0) throw path_error("cannot read back a scratch file in", dir, r.error ? r.error : EIO);
-    done += r.bytes;
+  const auto timed_read = [&](int read_fd, uint8_t* buf) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t done = 0; done < bytes;) {
+      // A direct read asks for whole blocks; the file may end inside the last one (a short read there).
+      iovec iov{buf, std::min(kBlock, align_up(bytes - done))};
+      const cold::TransferResult r = cold::read_fully(read_fd, {&iov, 1}, static_cast<int64_t>(done));
+      if (r.error == EINVAL && read_fd != fd.get()) return 0.0;  // no O_DIRECT here after all
+      if (r.error != 0 || r.bytes == 0) throw path_error("cannot read back a scratch file in", dir, r.error ? r.error : EIO);
+      done += std::min(r.bytes, bytes - done);
+    }
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    return static_cast<double>(bytes) / std::max(dt.count(), 1e-9) / 1e9;
+  };
+  m.buffered_gbps = timed_read(fd.get(), block.get());
+  const std::string proc_path = "/proc/self/fd/" + std::to_string(fd.get());  // the unlinked file, reopened
+  cold::UniqueFd direct(::open(proc_path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+  auto* aligned = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kBlock));
+  if (direct && aligned != nullptr) {
+    ::posix_fadvise(fd.get(), 0, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
+    m.direct_gbps = timed_read(direct.get(), aligned);
   }
-  const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-  m.gbps = static_cast<double>(bytes) / std::max(dt.count(), 1e-9) / 1e9;
+  std::free(aligned);
+  m.gbps = std::max(m.buffered_gbps, m.direct_gbps);
   return m;
 }
 

@@ -89,24 +89,28 @@ void HostColdTier::put_many(std::span<const uint64_t> keys, std::span<const uint
   const auto range = [&](int task) {
     return std::pair{n * static_cast<size_t>(task) / static_cast<size_t>(tasks), n * static_cast<size_t>(task + 1) / static_cast<size_t>(tasks)};
   };
-  std::vector<uint64_t> sums(n);
+  // Placed first (checksum to follow), then copied and hashed in one pass per record by the I/O threads:
+  // the caller's page is read from DRAM once.
   std::vector<uint8_t*> dst(n);
-  for_each_task(tasks, [&](int task) {  // checksums outside the lock
-    for (auto [i, end] = range(task); i < end; ++i) sums[i] = cold::record_checksum(keys[i], {data[i], record_bytes_}, 0);
-  });
+  std::vector<Slot> slot(n, kNoSlot);
   std::lock_guard lock(mu_);
-  for (size_t i = 0; i < n; ++i) ok[i] = (dst[i] = place(keys[i], sums[i])) != nullptr;
+  for (size_t i = 0; i < n; ++i) ok[i] = (dst[i] = place(keys[i], 0)) != nullptr;
   // A later key of the batch may have evicted an earlier one's slot (a tier smaller than the batch): only
   // the last placement of a slot is copied, and an earlier one whose slot was taken reports failure.
-  for (size_t i = 0; i < n; ++i)
-    if (ok[i] && index_.find(keys[i]) == kNoSlot) ok[i] = false, dst[i] = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    if (!ok[i]) continue;
+    slot[i] = index_.find(keys[i]);
+    if (slot[i] == kNoSlot) ok[i] = false, dst[i] = nullptr;
+  }
   // A key given twice: its last record wins (as with put() in a loop), and only that one is copied.
   std::unordered_set<const uint8_t*> seen;
   for (size_t i = n; i-- > 0;)
     if (dst[i] != nullptr && !seen.insert(dst[i]).second) dst[i] = nullptr;
-  for_each_task(tasks, [&](int task) {
+  const bool streaming = n * record_bytes_ >= cold::kStreamingCopyBytes;
+  for_each_task(tasks, [&](int task) {  // distinct slots: each task writes its own checksum_ entries
     for (auto [i, end] = range(task); i < end; ++i)
-      if (dst[i] != nullptr) std::memcpy(dst[i], data[i], record_bytes_);
+      if (dst[i] != nullptr)
+        checksum_[static_cast<size_t>(slot[i])] = cold::copy_with_checksum(keys[i], data[i], dst[i], record_bytes_, 0, streaming);
   });
 }
 
@@ -170,13 +174,16 @@ void HostColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
       ++stats_.misses;
     }
   }
-  // Copy, then hash the copy while it is still in L1/L2: the slab is read from DRAM once. A take's index
+  // Hash and copy each 4 KiB of a record in one pass (cold::copy_with_checksum): the slab is read from
+  // DRAM once, and a large batch is written with streaming stores. The hash is of the slab's bytes, which
+  // the copy then reproduces; a bit flipped in the slab fails it. A take's index
   // work (forgetting every record read) is task 0, beside the copies: under mu_ nothing else touches the
   // index or reuses a freed slot's memory before this returns, and the copies read only the slabs and
   // checksum_, which release() leaves alone.
   const size_t n = copies.size();
   const int copy_tasks = tasks_for(n, kRecordsPerTask);
   const int first_copy = take ? 1 : 0;
+  const bool streaming = n * record_bytes_ >= cold::kStreamingCopyBytes;
   for_each_task(copy_tasks + first_copy, [&](int task) {
     if (take && task == 0) {
       for (const Copy& c : copies)
@@ -187,8 +194,8 @@ void HostColdTier::read_many(std::span<const uint64_t> keys, std::span<uint8_t* 
     const size_t end = n * (t + 1) / static_cast<size_t>(copy_tasks);
     for (size_t j = n * t / static_cast<size_t>(copy_tasks); j < end; ++j) {
       Copy& c = copies[j];
-      std::memcpy(out[c.index], c.src, record_bytes_);
-      c.verified = cold::record_checksum(keys[c.index], {out[c.index], record_bytes_}, 0) == checksum_[static_cast<size_t>(c.slot)];
+      c.verified = cold::copy_with_checksum(keys[c.index], c.src, out[c.index], record_bytes_, 0, streaming) ==
+                   checksum_[static_cast<size_t>(c.slot)];
     }
   });
   for (const Copy& c : copies) {

@@ -9,7 +9,12 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +25,56 @@ uint64_t record_checksum(uint64_t key, std::span<const uint8_t> data, uint64_t s
   XXH3_64bits_reset_withSeed(&st, seed);
   XXH3_64bits_update(&st, &key, sizeof key);
   XXH3_64bits_update(&st, data.data(), data.size());
+  return XXH3_64bits_digest(&st);
+}
+
+namespace {
+
+constexpr size_t kChunkBytes = 4096;  // hashed, then copied while it sits in L1 (32 KiB or more)
+
+// Copies one chunk that the caller has just read (it is in L1) with non-temporal stores.
+void stream_chunk(const uint8_t* src, uint8_t* dst, size_t n) {
+#if defined(__x86_64__)
+  // Head: ordinary stores up to the first 16-byte aligned destination address (MOVNTDQ needs one).
+  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  for (; i + 16 <= n; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  std::memcpy(dst + i, src + i, n - i);  // tail
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+}  // namespace
+
+uint64_t copy_with_checksum(uint64_t key, const uint8_t* src, uint8_t* dst, size_t bytes, uint64_t seed, bool streaming) {
+  XXH3_state_t st;
+  XXH3_64bits_reset_withSeed(&st, seed);
+  XXH3_64bits_update(&st, &key, sizeof key);
+  for (size_t off = 0; off < bytes; off += kChunkBytes) {
+    const size_t n = std::min(kChunkBytes, bytes - off);
+    XXH3_64bits_update(&st, src + off, n);
+    if (streaming) {
+      stream_chunk(src + off, dst + off, n);
+    } else {
+      std::memcpy(dst + off, src + off, n);
+    }
+  }
+#if defined(__x86_64__)
+  if (streaming) _mm_sfence();  // non-temporal stores are weakly ordered: visible before we return
+#endif
   return XXH3_64bits_digest(&st);
 }
 

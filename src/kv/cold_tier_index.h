@@ -29,6 +29,20 @@ inline constexpr Slot kNoSlot = -1;
 // (the file backend seeds with its per-instance generation, so records of an earlier process never verify).
 uint64_t record_checksum(uint64_t key, std::span<const uint8_t> data, uint64_t seed);
 
+// Copies `bytes` from `src` to `dst` (non-overlapping) and returns record_checksum(key, {src, bytes}, seed)
+// in the same pass: per 4 KiB chunk, hash (which pulls the chunk into L1) then copy it from L1, so the
+// source is read from DRAM once. With `streaming`, the copy uses non-temporal stores (x86-64: SSE2
+// MOVNTDQ, one SFENCE at the end): an ordinary store of a line that is not cached first reads it for
+// ownership, so a large copy with ordinary stores moves 3 bytes over the memory bus per byte copied
+// where glibc's memcpy of a large buffer (which streams) moves 2. Use it for batches far larger than the
+// caches (a swap of a sequence); for a few records, ordinary stores leave the copy in cache for its
+// reader. Elsewhere than x86-64, `streaming` is ignored.
+uint64_t copy_with_checksum(uint64_t key, const uint8_t* src, uint8_t* dst, size_t bytes, uint64_t seed, bool streaming);
+
+// Batches of at least this many bytes are copied with streaming stores (about the last-level cache of a
+// server core complex: beyond it, the copy's destination would be evicted before it is read anyway).
+inline constexpr size_t kStreamingCopyBytes = size_t{16} << 20;
+
 // How many slots of `slot_bytes` (a record of `record_bytes` plus any header) fit in `cap_bytes`. Throws
 // std::invalid_argument when record_bytes is 0, when not even one fits, or beyond 2^31 slots.
 int64_t slots_within(uint64_t cap_bytes, size_t record_bytes, size_t slot_bytes);
@@ -117,6 +131,13 @@ class IndexedTier : public ColdTier {
   void for_each_task(int n, F&& fn) {
     std::lock_guard lock(workers_mu_);
     workers_.run(n, [&](int task, int) { fn(task); });
+  }
+  // The same, fn(task, thread) with thread in [0, io_threads()): what a task may keep per thread (a
+  // buffer) is indexed by it, and no two tasks run on one thread at once.
+  template <class F>
+  void for_each_task_on_thread(int n, F&& fn) {
+    std::lock_guard lock(workers_mu_);
+    workers_.run(n, [&](int task, int thread) { fn(task, thread); });
   }
   // Tasks for `items` items: about four per thread (so one slow task does not leave the others idle), at
   // least `min_per_task` items each.
