@@ -216,6 +216,24 @@ struct SequentialReadMeasurement {
   double resident_fraction = 0;
 };
 SequentialReadMeasurement measure_sequential_read(const std::string& dir, size_t bytes);
+
+// The same, with the scratch file written once and read back by every measure() (each drops its pages
+// first): a benchmark that measures its reference many times does not write and delete hundreds of MiB
+// each time — on a file system mounted with `discard`, each delete sends the device a discard that slows
+// whatever I/O comes next. Thread-safety: none.
+class SequentialReadProbe {
+ public:
+  SequentialReadProbe(const std::string& dir, size_t bytes);  // throws std::runtime_error naming dir
+  SequentialReadMeasurement measure() const;
+
+ private:
+  struct FreeBuffer {
+    void operator()(uint8_t* p) const;
+  };
+  std::string dir_;
+  size_t bytes_;
+  cold::UniqueFd fd_, direct_fd_;
+};
 double measure_sequential_read_gbps(const std::string& dir, size_t bytes);  // measure_sequential_read().gbps
 
 }  // namespace kvpack::kv
