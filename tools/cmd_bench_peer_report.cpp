@@ -127,10 +127,21 @@ std::string machine_line() {
   std::ifstream mi("/proc/meminfo");
   while (std::getline(mi, line))
     if (line.rfind("MemTotal:", 0) == 0) mem_kb = std::atol(line.c_str() + 9);
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s, %u logical CPUs, %.0f GiB RAM, AVX-512 %s (bf16 %s, VNNI %s), AMX %s", cpu.c_str(),
-                std::thread::hardware_concurrency(), mem_kb / 1048576.0, avx512 ? "yes" : "no", bf16 ? "yes" : "no",
-                vnni ? "yes" : "no", amx ? "yes" : "no");
+  // Per-core L2 and the L3 as cpu0 sees them (sysfs; "?" where the kernel does not say).
+  std::string l2 = "?", l3 = "?";
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lf(dir + "level"), sf(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(lf >> level) || !(sf >> size)) continue;
+    if (level == 2) l2 = size;
+    if (level == 3) l3 = size;
+  }
+  char buf[640];
+  std::snprintf(buf, sizeof buf, "%s, %u logical CPUs, L2 %s per core, L3 %s, %.0f GiB RAM, AVX-512 %s (bf16 %s, VNNI %s), AMX %s",
+                cpu.c_str(), std::thread::hardware_concurrency(), l2.c_str(), l3.c_str(), mem_kb / 1048576.0,
+                avx512 ? "yes" : "no", bf16 ? "yes" : "no", vnni ? "yes" : "no", amx ? "yes" : "no");
   return buf;
 }
 

@@ -153,6 +153,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     const uint8_t ty = m.types[static_cast<size_t>(id)];
     if (!parse_special && ty != kTypeUserDefined) continue;
     const std::string& st = m.v.tokens[static_cast<size_t>(id)];
+    // Most special tokens occur nowhere in a text (a Llama-3 vocabulary has 256, nearly all reserved):
+    // look before building a new fragment list, so a text without them costs one search per token and
+    // no allocation.
+    const bool occurs = std::any_of(frags.begin(), frags.end(), [&](const Frag& f) {
+      return f.token < 0 && f.len >= st.size() && text.substr(f.off, f.len).find(st) != std::string_view::npos;
+    });
+    if (!occurs) continue;
     std::vector<Frag> next;
     bool changed = false;
     for (const Frag& f : frags) {
