@@ -30,6 +30,15 @@ class FileColdTierTest : public ::testing::Test {
   std::unique_ptr<FileColdTier> make(int64_t slots, FileTierOptions opts = {}) {
     return std::make_unique<FileColdTier>(dir_.path(), slots * kSlotBytes, kRecordBytes, opts);
   }
+  // A 64-slot tier that reads everything around the page cache, holding keys [0, n) (written, flushed).
+  std::unique_ptr<FileColdTier> all_direct_with(size_t n) {
+    FileTierOptions opts;
+    opts.direct_even_if_cached = true;
+    auto tier = make(64, opts);
+    put_run(*tier, 0, n);
+    tier->flush();
+    return tier;
+  }
   // put_many of keys [first, first + n), counter `counter`.
   static void put_run(FileColdTier& tier, uint64_t first, size_t n, uint64_t counter = 0) {
     std::vector<uint64_t> keys;
@@ -228,12 +237,8 @@ TEST_F(FileColdTierTest, ADirectReadLargerThanItsBufferIsReadInPieces) {
 }
 
 TEST_F(FileColdTierTest, ACorruptedRecordReadAroundThePageCacheIsAMissToo) {
-  FileTierOptions opts;
-  opts.direct_even_if_cached = true;
-  auto tier = make(64, opts);
+  auto tier = all_direct_with(16);
   if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT";
-  put_run(*tier, 0, 16);
-  tier->flush();
   flip_byte(tier->data_path(), tier->slot_of(3) * static_cast<int64_t>(kSlotBytes) + 32 + 8000);  // record bytes
   flip_byte(tier->data_path(), tier->slot_of(9) * static_cast<int64_t>(kSlotBytes) + 1);          // header magic
   ::testing::internal::CaptureStderr();
@@ -250,12 +255,8 @@ TEST_F(FileColdTierTest, ACorruptedRecordReadAroundThePageCacheIsAMissToo) {
 }
 
 TEST_F(FileColdTierTest, ATruncatedFileReadAroundThePageCacheGivesMisses) {
-  FileTierOptions opts;
-  opts.direct_even_if_cached = true;
-  auto tier = make(64, opts);
+  auto tier = all_direct_with(8);
   if (!tier->direct_reads()) GTEST_SKIP() << "this file system refuses O_DIRECT";
-  put_run(*tier, 0, 8);
-  tier->flush();
   ASSERT_EQ(::truncate(tier->data_path().c_str(), static_cast<off_t>(3 * kSlotBytes + 100)), 0);
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(get_keys(*tier, {0, 1, 2, 3, 4, 5, 6, 7}), 3u);  // slots 0-2 are whole, 3 is cut, 4-7 gone
