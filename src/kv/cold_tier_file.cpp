@@ -86,7 +86,8 @@ FileColdTier::FileColdTier(const std::string& dir, uint64_t cap_bytes, size_t re
       max_write_batch_(std::clamp<size_t>(options.max_write_batch, 1, cold::kMaxIovecs)),
       readahead_hint_(options.readahead_hint),
       direct_even_if_cached_(options.direct_even_if_cached),
-      direct_piece_slots_(std::max<size_t>(1, options.direct_read_bytes / slot_bytes_)) {
+      direct_piece_slots_(std::max<size_t>(
+          1, std::min(options.direct_read_bytes, options.direct_buffer_bytes / static_cast<size_t>(io_threads())) / slot_bytes_)) {
   const uint64_t file_bytes = static_cast<uint64_t>(index_.capacity()) * slot_bytes_;
   fd_ = open_data_file(dir, path_, file_bytes);
   if (options.direct_reads) {

@@ -80,11 +80,14 @@ struct FileTierOptions {
   bool readahead_hint = true;
   bool direct_reads = true;            // read runs that are not in the page cache with O_DIRECT (above)
   // Bytes per direct read (rounded to whole slots, at least one): each I/O thread that has read direct
-  // keeps a bounce buffer of this size (4 threads: 32 MiB). A device splits a request above its
-  // max_sectors_kb (often 1-4 MiB): a read of a few device requests keeps its queue full while the other
-  // threads verify and copy. Measured on a 2-core VM's virtual disk (2026-12-03, `kvpack bench cold`):
-  // swap-in at 66-69 % of a sequential O_DIRECT read with 4 MiB, 78-83 % with 8 MiB, 71-87 % with 16.
+  // keeps a bounce buffer of this size. A device splits a request above its max_sectors_kb (often
+  // 1-4 MiB): a read of a few device requests keeps its queue full while the other threads verify and
+  // copy. Measured on a 2-core VM's virtual disk (2026-12-03, `kvpack bench cold`): swap-in at 66-69 % of
+  // a sequential O_DIRECT read with 4 MiB, 78-83 % with 8 MiB, 71-87 % with 16.
   size_t direct_read_bytes = size_t{8} << 20;
+  // The bounce buffers of all I/O threads together stay within this: with many threads each read is
+  // smaller (more of them are in flight at once), so a 16-thread engine does not pin 128 MiB for it.
+  size_t direct_buffer_bytes = size_t{32} << 20;
   bool direct_even_if_cached = false;  // tests: every read direct, whatever the page cache holds
 };
 
