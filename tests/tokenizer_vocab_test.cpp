@@ -1,7 +1,10 @@
-// Tokenizer vs llama.cpp's reference vectors (shared/vocab/ggml-vocab-*.gguf + .inp/.out), plus
-// GGUF loading, special tokens, pre-tokenizer splits and loader errors.
+// Tokenizer vs llama.cpp's reference vectors (shared/vocab/ggml-vocab-*.gguf + .inp/.out, and the other
+// BPE vocabs in llama.cpp's source tree, models/), plus GGUF loading, special tokens, pre-tokenizer splits
+// and loader errors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -79,20 +82,25 @@ std::vector<Case> load_cases(const std::string& base) {
 }
 
 // Loaded once per test binary (tokenizers are immutable and cheap to copy).
-Tokenizer load_vocab(const std::string& name) {
+Tokenizer load_vocab_file(const std::string& path) {
   static std::map<std::string, Tokenizer> cache;
-  auto it = cache.find(name);
+  auto it = cache.find(path);
   if (it == cache.end()) {
-    auto f = gguf::File::open(shared_path("vocab/ggml-vocab-" + name + ".gguf"));
-    it = cache.emplace(name, Tokenizer::from_gguf(*f)).first;
+    auto f = gguf::File::open(path);
+    it = cache.emplace(path, Tokenizer::from_gguf(*f)).first;
   }
   return it->second;
 }
 
+Tokenizer load_vocab(const std::string& name) {
+  return load_vocab_file(shared_path("vocab/ggml-vocab-" + name + ".gguf"));
+}
+
 // Tokenizes every input without BOS and compares with the reference ids; checks the round trip.
-void check_vectors(const std::string& name) {
-  const Tokenizer tok = load_vocab(name);
-  const auto cases = load_cases(shared_path("vocab/ggml-vocab-" + name + ".gguf"));
+// `path` is the .gguf; its vectors are next to it.
+void check_vectors_at(const std::string& path, const std::string& name) {
+  const Tokenizer tok = load_vocab_file(path);
+  const auto cases = load_cases(path);
   ASSERT_GT(cases.size(), 40u);
   size_t pass = 0, roundtrip = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -125,10 +133,44 @@ void check_vectors(const std::string& name) {
   EXPECT_EQ(pass, cases.size());
 }
 
+void check_vectors(const std::string& name) {
+  check_vectors_at(shared_path("vocab/ggml-vocab-" + name + ".gguf"), name);
+}
+
+// llama.cpp's source tree: KVPACK_LLAMA_SRC, else the copy scripts/peer/build_llama_tools.sh unpacks.
+std::string llama_models_dir() {
+  const char* env = std::getenv("KVPACK_LLAMA_SRC");
+  const std::string root = (env && *env) ? env : KVPACK_SOURCE_DIR "/build-llama/llama.cpp";
+  return root + "/models";
+}
+
+std::string llama_vocab_path(const std::string& name) { return llama_models_dir() + "/ggml-vocab-" + name + ".gguf"; }
+
+// The vectors of a vocab that only llama.cpp's source tree has. A missing tree skips; a tree without
+// this vocab fails (the vocab is one llama.cpp has shipped for years).
+#define CHECK_LLAMA_VECTORS(name)                                                                          \
+  do {                                                                                                       \
+    if (!std::filesystem::is_directory(llama_models_dir()))                                                 \
+      GTEST_SKIP() << "no llama.cpp source tree at " << llama_models_dir()                                   \
+                   << " (run scripts/peer/build_llama_tools.sh, or set KVPACK_LLAMA_SRC)";                   \
+    ASSERT_TRUE(std::filesystem::exists(llama_vocab_path(name))) << llama_vocab_path(name);                  \
+    check_vectors_at(llama_vocab_path(name), name);                                                          \
+  } while (0)
+
 TEST(TokenizerVocab, LlamaSpmVectors) { check_vectors("llama-spm"); }
 TEST(TokenizerVocab, LlamaBpeVectors) { check_vectors("llama-bpe"); }
 TEST(TokenizerVocab, Gpt2Vectors) { check_vectors("gpt-2"); }
 TEST(TokenizerVocab, Qwen2Vectors) { check_vectors("qwen2"); }
+
+// The other BPE pre-tokenizers, on the vocabs in llama.cpp's source tree.
+TEST(TokenizerVocab, MptVectors) { CHECK_LLAMA_VECTORS("mpt"); }
+TEST(TokenizerVocab, Qwen35Vectors) { CHECK_LLAMA_VECTORS("qwen35"); }
+TEST(TokenizerVocab, FalconVectors) { CHECK_LLAMA_VECTORS("falcon"); }
+TEST(TokenizerVocab, StarcoderVectors) { CHECK_LLAMA_VECTORS("starcoder"); }
+TEST(TokenizerVocab, RefactVectors) { CHECK_LLAMA_VECTORS("refact"); }
+TEST(TokenizerVocab, CommandRVectors) { CHECK_LLAMA_VECTORS("command-r"); }
+TEST(TokenizerVocab, DeepseekLlmVectors) { CHECK_LLAMA_VECTORS("deepseek-llm"); }
+TEST(TokenizerVocab, DeepseekCoderVectors) { CHECK_LLAMA_VECTORS("deepseek-coder"); }
 
 TEST(TokenizerVocab, InputFileFormat) {
   const auto cases = load_cases(shared_path("vocab/ggml-vocab-llama-spm.gguf"));

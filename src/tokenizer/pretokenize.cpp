@@ -5,17 +5,11 @@
 #include <array>
 #include <stdexcept>
 
+#include "tokenizer/pretokenize_impl.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvpack::tokenizer_detail {
 namespace {
-
-enum : uint8_t {
-  kL = 1,   // \p{L}
-  kN = 2,   // \p{N}
-  kW = 4,   // \s (Unicode White_Space)
-  kP = 8,   // \p{P}
-};
 
 uint8_t flags_of(uint32_t c) {
   if (c > 0x10FFFF) return 0;
@@ -42,6 +36,17 @@ uint8_t flags_of(uint32_t c) {
     case U_OTHER_PUNCTUATION:
       f |= kP;
       break;
+    case U_NON_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_COMBINING_SPACING_MARK:
+      f |= kM;
+      break;
+    case U_MATH_SYMBOL:
+    case U_CURRENCY_SYMBOL:
+    case U_MODIFIER_SYMBOL:
+    case U_OTHER_SYMBOL:
+      f |= kS;
+      break;
     default:
       break;
   }
@@ -58,20 +63,12 @@ const std::array<uint8_t, 128>& ascii_flags() {
   return t;
 }
 
-struct Cp {
-  uint32_t c;      // code point; 0xFFFFFFFF for an invalid byte
-  uint32_t off;    // byte offset in the text
-  uint8_t len;     // bytes
-  uint8_t flags;
-};
-
-constexpr uint32_t kInvalid = 0xFFFFFFFFu;
-
 // Decodes like llama.cpp's unicode_cpt_from_utf8 (lead byte + continuation checks, no overlong /
-// range checks); a byte that does not start a valid sequence becomes one invalid "other" character.
-std::vector<Cp> decode(std::string_view s) {
+// range checks); a byte that does not start a valid sequence becomes one invalid character. llama.cpp
+// turns such a byte into U+FFFD, a symbol: kS keeps that for the patterns that name \p{S}.
+Cps decode(std::string_view s) {
   const auto& af = ascii_flags();
-  std::vector<Cp> out;
+  Cps out;
   out.reserve(s.size());
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
@@ -96,7 +93,7 @@ std::vector<Cp> decode(std::string_view s) {
         len = 4;
       }
     }
-    uint8_t f = 0;
+    uint8_t f = kS;
     if (c != kInvalid) f = c < 128 ? af[c] : flags_of(c);
     out.push_back(Cp{c, static_cast<uint32_t>(i), len, f});
     i += len;
@@ -107,7 +104,7 @@ std::vector<Cp> decode(std::string_view s) {
 uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
 // Matches the contraction alternatives at `pos`; returns the match length (0 if none).
-size_t match_contraction(const std::vector<Cp>& cp, size_t pos, size_t e, bool case_insensitive) {
+size_t match_contraction(const Cps& cp, size_t pos, size_t e, bool case_insensitive) {
   if (cp[pos].c != '\'' || pos + 1 >= e) return 0;
   auto low = [&](size_t k) { return case_insensitive ? ascii_lower(cp[k].c) : cp[k].c; };
   const uint32_t c1 = low(pos + 1);
@@ -119,8 +116,9 @@ size_t match_contraction(const std::vector<Cp>& cp, size_t pos, size_t e, bool c
   return 0;
 }
 
-// Whitespace tail shared by all patterns: [\s*[\r\n]+ |] \s+(?!\S) | \s+ ; returns the end.
-size_t match_whitespace(const std::vector<Cp>& cp, size_t pos, size_t e, bool newline_rule) {
+}  // namespace
+
+size_t match_whitespace(const Cps& cp, size_t pos, size_t e, bool newline_rule) {
   size_t k = pos;
   size_t last_nl = 0;
   while (k < e && (cp[k].flags & kW)) {
@@ -135,7 +133,7 @@ size_t match_whitespace(const std::vector<Cp>& cp, size_t pos, size_t e, bool ne
 }
 
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-void split_gpt2(const std::vector<Cp>& cp, size_t b, size_t e, std::vector<size_t>& ends) {
+void split_gpt2(const Cps& cp, size_t b, size_t e, std::vector<size_t>& ends) {
   size_t pos = b;
   auto fl = [&](size_t k) -> uint8_t { return k < e ? cp[k].flags : 0; };
   while (pos < e) {
@@ -165,9 +163,9 @@ void split_gpt2(const std::vector<Cp>& cp, size_t b, size_t e, std::vector<size_
   }
 }
 
-// LLAMA3 / QWEN2:
+// LLAMA3 / QWEN2 / QWEN35 (QWEN35 with [\p{L}\p{M}] wherever the others have \p{L}, except in the prefix class):
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-void split_llama3(const std::vector<Cp>& cp, size_t b, size_t e, size_t max_digits, std::vector<size_t>& ends) {
+void split_llama3(const Cps& cp, size_t b, size_t e, size_t max_digits, uint8_t letters, std::vector<size_t>& ends) {
   size_t pos = b;
   auto fl = [&](size_t k) -> uint8_t { return k < e ? cp[k].flags : 0; };
   while (pos < e) {
@@ -176,19 +174,21 @@ void split_llama3(const std::vector<Cp>& cp, size_t b, size_t e, size_t max_digi
     const uint8_t f = cp[pos].flags;
     if (size_t m = match_contraction(cp, pos, e, true)) {
       end = pos + m;
-    } else if (!(c == '\r' || c == '\n' || (f & kN)) && ((f & kL) || (fl(pos + 1) & kL))) {
-      // [^\r\n\p{L}\p{N}]?\p{L}+ : either c is a letter, or c is an allowed prefix followed by letters
+    } else if (!(c == '\r' || c == '\n' || (f & kN)) && ((f & letters) || (fl(pos + 1) & letters))) {
+      // [^\r\n\p{L}\p{N}]?\p{L}+ : either c is a letter, or c is an allowed prefix followed by letters (a
+      // QWEN35 mark is both, which comes to the same match)
       end = pos + 1;
-      while (end < e && (fl(end) & kL)) ++end;
+      while (end < e && (fl(end) & letters)) ++end;
     } else if (f & kN) {
       end = pos;
       while (end < e && end - pos < max_digits && (fl(end) & kN)) ++end;
     } else {
       const bool sp = c == ' ';
       const size_t q0 = pos + (sp ? 1 : 0);
-      if (q0 < e && !(cp[q0].flags & (kW | kL | kN))) {
+      const uint8_t stop = kW | letters | kN;
+      if (q0 < e && !(cp[q0].flags & stop)) {
         end = q0;
-        while (end < e && !(fl(end) & (kW | kL | kN))) ++end;
+        while (end < e && !(fl(end) & stop)) ++end;
         while (end < e && (cp[end].c == '\r' || cp[end].c == '\n')) ++end;
       } else {
         end = match_whitespace(cp, pos, e, true);
@@ -199,28 +199,14 @@ void split_llama3(const std::vector<Cp>& cp, size_t b, size_t e, size_t max_digi
   }
 }
 
-// Splits [b, e) into matches of "runs of characters satisfying pred" and the gaps between them.
-template <class Pred>
-void split_runs(size_t b, size_t e, Pred pred, std::vector<size_t>& ends) {
-  size_t pos = b;
-  while (pos < e) {
-    const bool m = pred(pos);
-    size_t end = pos + 1;
-    while (end < e && pred(end) == m) ++end;
-    ends.push_back(end);
-    pos = end;
-  }
-}
-
-bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
-
-}  // namespace
-
 bool lookup_pre(std::string_view name, PreInfo* out) {
   static const struct {
     const char* name;
     PreInfo info;
   } table[] = {
+      // Names and flags as llama.cpp's llama_vocab::load maps them (ignore_merges / add_bos only where it sets
+      // them). Left out: names whose models need more than a pre-tokenizer (jina-v1-en, jina-v2-code,
+      // roberta-bpe add a SEP token; chatglm-bpe / glm4 drop BOS) and patterns not implemented here.
       {"", {PreKind::DEFAULT, false, false}},
       {"default", {PreKind::DEFAULT, false, false}},
       {"gpt-2", {PreKind::GPT2, false, false}},
@@ -229,16 +215,52 @@ bool lookup_pre(std::string_view name, PreInfo* out) {
       {"mpt", {PreKind::GPT2, false, false}},
       {"olmo", {PreKind::GPT2, false, false}},
       {"jais", {PreKind::GPT2, false, false}},
+      {"jina-es", {PreKind::GPT2, false, false}},
+      {"jina-de", {PreKind::GPT2, false, false}},
+      {"jina-v2-es", {PreKind::GPT2, false, false}},
+      {"jina-v2-de", {PreKind::GPT2, false, false}},
+      {"gigachat", {PreKind::GPT2, false, false}},
+      {"a.x-4.0", {PreKind::GPT2, false, false}},
+      {"mellum", {PreKind::GPT2, false, false}},
+      {"modern-bert", {PreKind::GPT2, false, false}},
+      {"exaone4", {PreKind::GPT2, false, false}},
+      {"trillion", {PreKind::GPT2, false, false}},
+      {"granite-docling", {PreKind::GPT2, false, false}},
       {"llama3", {PreKind::LLAMA3, true, true}},
       {"llama-v3", {PreKind::LLAMA3, true, true}},
       {"llama-bpe", {PreKind::LLAMA3, true, true}},
       {"falcon3", {PreKind::LLAMA3, true, true}},
+      {"falcon-h1", {PreKind::LLAMA3, true, true}},
+      {"pixtral", {PreKind::LLAMA3, true, true}},
+      {"midm-2.0", {PreKind::LLAMA3, true, true}},
+      {"lfm2", {PreKind::LLAMA3, true, true}},
+      {"jina-v5-nano", {PreKind::LLAMA3, true, true}},
       {"dbrx", {PreKind::LLAMA3, false, false}},
       {"smaug-bpe", {PreKind::LLAMA3, false, false}},
       {"qwen2", {PreKind::QWEN2, false, false}},
       {"deepseek-r1-qwen", {PreKind::QWEN2, false, false}},
+      {"kormo", {PreKind::QWEN2, false, false}},
+      {"f2llmv2", {PreKind::QWEN2, false, false}},
       {"stablelm2", {PreKind::QWEN2, false, false}},
       {"megrez", {PreKind::QWEN2, false, false}},
+      {"hunyuan", {PreKind::QWEN2, false, false}},
+      {"solar-open", {PreKind::QWEN2, false, false}},
+      {"qwen35", {PreKind::QWEN35, false, false}},
+      {"falcon", {PreKind::FALCON, false, false}},
+      {"starcoder", {PreKind::STARCODER, false, false}},
+      {"refact", {PreKind::STARCODER, false, false}},
+      {"command-r", {PreKind::STARCODER, false, false}},
+      {"smollm", {PreKind::STARCODER, false, false}},
+      {"codeshell", {PreKind::STARCODER, false, false}},
+      {"exaone", {PreKind::STARCODER, false, false}},
+      {"minerva-7b", {PreKind::STARCODER, false, false}},
+      {"mellum2", {PreKind::STARCODER, false, false}},
+      {"deepseek-llm", {PreKind::DEEPSEEK_LLM, false, false}},
+      {"deepseek-coder", {PreKind::DEEPSEEK_CODER, false, false}},
+      {"deepseek-v3", {PreKind::DEEPSEEK3, false, false}},
+      {"hunyuan-dense", {PreKind::DEEPSEEK3, false, false}},
+      {"joyai-llm", {PreKind::DEEPSEEK3, false, false}},
+      {"hy_v4", {PreKind::DEEPSEEK3, false, false}},
   };
   for (const auto& t : table) {
     if (name == t.name) {
@@ -250,7 +272,7 @@ bool lookup_pre(std::string_view name, PreInfo* out) {
 }
 
 std::vector<std::pair<size_t, size_t>> pretokenize_ranges(PreKind kind, std::string_view text) {
-  const std::vector<Cp> cp = decode(text);
+  const Cps cp = decode(text);
   const size_t n = cp.size();
   std::vector<size_t> ends;  // code-point end indices of consecutive pieces
   ends.reserve(n / 3 + 4);
@@ -260,44 +282,17 @@ std::vector<std::pair<size_t, size_t>> pretokenize_ranges(PreKind kind, std::str
       split_gpt2(cp, 0, n, ends);
       break;
     case PreKind::LLAMA3:
-      split_llama3(cp, 0, n, 3, ends);
+      split_llama3(cp, 0, n, 3, kL, ends);
       break;
     case PreKind::QWEN2:
-      split_llama3(cp, 0, n, 1, ends);
+      split_llama3(cp, 0, n, 1, kL, ends);
       break;
-    case PreKind::DEFAULT: {
-      // Each stage splits every piece of the previous stage further (matches and gaps both kept).
-      auto is_p = [&](size_t k) {
-        const uint32_t c = cp[k].c;
-        return (cp[k].flags & kP) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' ||
-               c == '~' || c == '|';
-      };
-      std::vector<size_t> s1, s2, s3;
-      split_runs(0, n, is_p, s1);
-      size_t b = 0;
-      for (size_t e : s1) { split_gpt2(cp, b, e, s2); b = e; }
-      b = 0;
-      for (size_t e : s2) { split_runs(b, e, [&](size_t k) { return (cp[k].flags & kN) != 0; }, s3); b = e; }
-      b = 0;
-      for (size_t e : s3) {
-        // [0-9][0-9][0-9]: leftmost non-overlapping matches, gaps kept
-        size_t pos = b;
-        size_t gap = b;
-        while (pos + 3 <= e) {
-          if (is_ascii_digit(cp[pos].c) && is_ascii_digit(cp[pos + 1].c) && is_ascii_digit(cp[pos + 2].c)) {
-            if (pos > gap) ends.push_back(pos);
-            ends.push_back(pos + 3);
-            pos += 3;
-            gap = pos;
-          } else {
-            ++pos;
-          }
-        }
-        if (e > gap) ends.push_back(e);
-        b = e;
-      }
+    case PreKind::QWEN35:
+      split_llama3(cp, 0, n, 1, kL | kM, ends);
       break;
-    }
+    default:
+      split_chain(kind, cp, ends);
+      break;
   }
 
   std::vector<std::pair<size_t, size_t>> out;

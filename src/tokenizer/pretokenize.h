@@ -14,7 +14,16 @@ enum class PreKind {
   GPT2,     // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   LLAMA3,   // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
   QWEN2,    // same as LLAMA3 but \p{N} (single digits)
-  DEFAULT,  // llama.cpp's fallback chain: [\p{P}\$\+<=>\^~\|]+ , GPT2, \p{N}+ , [0-9][0-9][0-9]
+  QWEN35,   // same as QWEN2 but letter runs are [\p{L}\p{M}]+ and the symbol run excludes \p{M}
+  // The rest are chains: each pattern splits every piece the previous one left (matches and gaps both kept).
+  DEFAULT,         // [\p{P}\$\+<=>\^~\|]+ , GPT2 , \p{N}+ , [0-9][0-9][0-9]
+  FALCON,          // [\p{P}\$\+<=>\^~\|`]+ , GPT2 , [0-9][0-9][0-9]
+  STARCODER,       // \p{N} , GPT2
+  DEEPSEEK_LLM,    // [\r\n] , \s?[latin/greek/cyrillic/... letters]+ , \s?[ASCII/fullwidth punctuation]+ , \s+$ ,
+                   // [CJK/Hangul]+ , \p{N}+
+  DEEPSEEK_CODER,  // [\r\n] , \s?\p{L}+ , \s?\p{P}+ , [CJK/Hangul]+ , \p{N}
+  DEEPSEEK3,       // \p{N}{1,3} , [CJK/kana]+ , [ASCII punct][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
+                   // ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 };
 
 struct PreInfo {
