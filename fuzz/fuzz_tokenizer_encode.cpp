@@ -26,7 +26,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)tok.decode(raw);
 
   using tokenizer_detail::PreKind;
-  for (PreKind k : {PreKind::GPT2, PreKind::LLAMA3, PreKind::QWEN2, PreKind::DEFAULT}) {
+  for (PreKind k : {PreKind::GPT2, PreKind::LLAMA3, PreKind::QWEN2, PreKind::QWEN35, PreKind::DEFAULT,
+                    PreKind::FALCON, PreKind::STARCODER, PreKind::DEEPSEEK_LLM, PreKind::DEEPSEEK_CODER,
+                    PreKind::DEEPSEEK3}) {
     size_t at = 0;
     for (const auto& [b, e] : tokenizer_detail::pretokenize_ranges(k, text)) {
       if (b != at || e <= b || e > text.size()) std::abort();

@@ -3,6 +3,7 @@
 // and loader errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -306,6 +307,52 @@ TEST(TokenizerVocab, PreTokenizerSplits) {
   EXPECT_THROW(pretokenize("nope", "x"), std::runtime_error);
 }
 
+// The regex-chain pre-tokenizers: each pattern re-splits every piece the previous one left, matches and gaps
+// alike (expected pieces agree with std::regex run the way llama.cpp runs these patterns).
+TEST(TokenizerVocab, ChainPreTokenizerSplits) {
+  using V = std::vector<std::string>;
+  using tokenizer_detail::pretokenize;
+  // falcon: '`' joins the punctuation run; no \p{N}+ pass, so a number is cut only into ASCII triples
+  EXPECT_EQ(pretokenize("falcon", "x`=y 12345"), (V{"x", "`=", "y", " ", "123", "45"}));
+  EXPECT_EQ(pretokenize("default", "x`=y"), (V{"x", "`", "=", "y"}));
+  // starcoder family: every digit alone, before the GPT-2 pattern
+  EXPECT_EQ(pretokenize("starcoder", "x12 345"), (V{"x", "1", "2", " ", "3", "4", "5"}));
+  EXPECT_EQ(pretokenize("command-r", "we'll 7a"), (V{"we", "'ll", " ", "7", "a"}));
+  // deepseek-llm: letters outside its letter list (é is in it, but the punctuation pass, whose ASCII range
+  // takes letters, re-splits "aΩ"-like words); trailing whitespace; CJK runs; \p{N}+
+  EXPECT_EQ(pretokenize("deepseek-llm", "\xCE\xA9mega \xCE\xB1\xCE\xB2"), (V{"\xCE\xA9", "mega", " \xCE\xB1\xCE\xB2"}));
+  EXPECT_EQ(pretokenize("deepseek-llm", "  h\xC3\xA9llo, \xE4\xB8\x96\xE7\x95\x8C" "123\xEF\xBC\x81"),
+            (V{" ", " h", "\xC3\xA9", "llo", ",", " ", "\xE4\xB8\x96\xE7\x95\x8C", "123", "\xEF\xBC\x81"}));
+  EXPECT_EQ(pretokenize("deepseek-llm", "Hello world\n\n  "), (V{"Hello", " world", "\n", "\n", "  "}));
+  // deepseek-coder: \p{L} runs, \p{P} runs, single digits
+  EXPECT_EQ(pretokenize("deepseek-coder", "  h\xC3\xA9llo, \xE4\xB8\x96\xE7\x95\x8C" "123\xEF\xBC\x81"),
+            (V{" ", " h\xC3\xA9llo", ",", " ", "\xE4\xB8\x96\xE7\x95\x8C", "1", "2", "3", "\xEF\xBC\x81"}));
+  EXPECT_EQ(pretokenize("deepseek-coder", "x=1"), (V{"x", "=", "1"}));
+  // deepseek-v3 (no llama.cpp vectors): digit triples, CJK + kana runs, ASCII punctuation glued to a word
+  EXPECT_EQ(pretokenize("deepseek-v3", "Hello world's 12345"), (V{"Hello", " world", "'s", " ", "123", "45"}));
+  EXPECT_EQ(pretokenize("deepseek-v3", ".NET +x"), (V{".NET", " +", "x"}));
+  EXPECT_EQ(pretokenize("deepseek-v3", "a,\n\n b"), (V{"a", ",\n\n", " b"}));
+  EXPECT_EQ(pretokenize("deepseek-v3", "\xE4\xB8\x96\xE7\x95\x8C\xE3\x81\xB2\xE3\x82\xAB 1234"),
+            (V{"\xE4\xB8\x96\xE7\x95\x8C\xE3\x81\xB2\xE3\x82\xAB", " ", "123", "4"}));
+  EXPECT_EQ(pretokenize("hunyuan-dense", " \xCC\x81x"), (V{" \xCC\x81x"}));
+  // qwen35: combining marks stay in the letter run (qwen2 splits them off)
+  EXPECT_EQ(pretokenize("qwen35", "e\xCC\x81t"), (V{"e\xCC\x81t"}));
+  EXPECT_EQ(pretokenize("qwen2", "e\xCC\x81t"), (V{"e", "\xCC\x81t"}));
+  // pieces cover the text, invalid bytes included
+  for (const char* pre : {"falcon", "starcoder", "deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen35"}) {
+    const std::string s = std::string("a\xFF\xE4\xB8 1\n\xC3");
+    std::string joined;
+    for (const auto& p : pretokenize(pre, s)) {
+      EXPECT_FALSE(p.empty()) << pre;
+      joined += p;
+    }
+    EXPECT_EQ(joined, s) << pre;
+  }
+  // names llama.cpp knows whose patterns kvpack does not implement are refused like unknown ones
+  for (const char* pre : {"bloom", "tekken", "chatglm-bpe", "roberta-bpe", "gpt-4o", "kimi-k2"})
+    EXPECT_THROW(pretokenize(pre, "x"), std::runtime_error) << pre;
+}
+
 TEST(TokenizerVocab, InvalidUtf8RoundTrips) {
   for (const char* name : {"llama-spm", "llama-bpe", "gpt-2", "qwen2"}) {
     const Tokenizer t = load_vocab(name);
@@ -314,48 +361,91 @@ TEST(TokenizerVocab, InvalidUtf8RoundTrips) {
   }
 }
 
-// Random byte strings and random code-point strings round-trip through every tokenizer.
-TEST(TokenizerVocab, RandomRoundTrips) {
+// Which bytes a byte-level BPE vocab has an ordinary token for (GPT-2's byte-to-unicode mapping: the
+// printable Latin-1 bytes stand for themselves, the others for U+0100 + their rank).
+std::array<bool, 256> bpe_bytes_with_tokens(const Tokenizer& t) {
+  std::array<bool, 256> ok{};
+  uint32_t next = 0x100;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool self = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const int32_t id = t.find_token(tokenizer_detail::cpt_to_utf8(self ? b : next++));
+    ok[b] = id >= 0 && t.token_type(id) == Tokenizer::kTypeNormal;
+  }
+  return ok;
+}
+
+// Random byte strings and random code-point strings round-trip through `t`. With `bytes`, only bytes /
+// characters whose every byte has a token are drawn.
+void random_round_trips(const Tokenizer& t, const std::string& name, const std::array<bool, 256>* bytes = nullptr) {
   std::mt19937 rng(1234);
   auto rnd = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
   const char* alphabet[] = {" ", "  ", "\n", "\t", "\r\n", "'s", "'LL", "a", "Z", "7", "123", "!", "\xC3\xA9",
-                            "\xE2\x96\x81", "\xF0\x9F\x98\x81", "\xE4\xB8\xAD", "\xE2\x80\x8D", "<|im_end|>"};
-  for (const char* name : {"llama-spm", "llama-bpe", "gpt-2", "qwen2"}) {
-    const Tokenizer t = load_vocab(name);
-    for (int iter = 0; iter < 150; ++iter) {
-      std::string s;
-      const uint32_t len = rnd(40);
-      const uint32_t mode = iter % 3;
-      for (uint32_t k = 0; k < len; ++k) {
-        if (mode == 0) {
-          s.push_back(static_cast<char>(rnd(256)));  // arbitrary bytes (mostly invalid UTF-8)
-        } else if (mode == 1) {
-          uint32_t c = rnd(4) == 0 ? rnd(0x110000) : rnd(0x800);
-          if (c >= 0xD800 && c <= 0xDFFF) c = 'x';
-          s += tokenizer_detail::cpt_to_utf8(c);
-        } else {
-          s += alphabet[rnd(sizeof(alphabet) / sizeof(alphabet[0]))];
-        }
+                            "\xE2\x96\x81", "\xF0\x9F\x98\x81", "\xE4\xB8\xAD", "\xE2\x80\x8D", "<|im_end|>",
+                            "\xCC\x81", "\xE3\x80\x80", "\xEF\xBC\x81", "\xE3\x81\x82", "`"};
+  for (int iter = 0; iter < 150; ++iter) {
+    std::string s;
+    const uint32_t len = rnd(40);
+    const uint32_t mode = iter % 3;
+    for (uint32_t k = 0; k < len; ++k) {
+      if (mode == 0) {
+        uint32_t b = rnd(256);
+        while (bytes && !(*bytes)[b]) b = rnd(256);
+        s.push_back(static_cast<char>(b));  // arbitrary bytes (mostly invalid UTF-8)
+      } else if (mode == 1) {
+        uint32_t c = rnd(4) == 0 ? rnd(0x110000) : rnd(0x800);
+        if (c >= 0xD800 && c <= 0xDFFF) c = 'x';
+        const std::string u = tokenizer_detail::cpt_to_utf8(c);
+        bool ok = true;
+        for (unsigned char b : u) ok = ok && (!bytes || (*bytes)[b]);
+        if (ok) s += u;
+        else s.push_back('x');
+      } else {
+        s += alphabet[rnd(sizeof(alphabet) / sizeof(alphabet[0]))];
       }
-      // SPM escapes ' ' as U+2581, so a literal U+2581 in the input decodes as ' ' (as in sentencepiece and
-      // llama.cpp); that is the one input SPM cannot round-trip.
-      if (t.kind() == VocabData::Kind::SPM) {
-        std::string r;
-        for (size_t k = 0; k < s.size(); ++k) {
-          if (s.compare(k, 3, "\xE2\x96\x81") == 0) {
-            r.push_back('_');
-            k += 2;
-          } else {
-            r.push_back(s[k]);
-          }
-        }
-        s.swap(r);
-      }
-      const auto ids = t.encode(s, false);
-      for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < t.n_vocab());
-      ASSERT_EQ(t.decode(ids), s) << name << " iter " << iter;
-      ASSERT_EQ(t.decode(t.encode(s, true)), s) << name << " iter " << iter;
     }
+    // SPM escapes ' ' as U+2581, so a literal U+2581 in the input decodes as ' ' (as in sentencepiece and
+    // llama.cpp); that is the one input SPM cannot round-trip.
+    if (t.kind() == VocabData::Kind::SPM) {
+      std::string r;
+      for (size_t k = 0; k < s.size(); ++k) {
+        if (s.compare(k, 3, "\xE2\x96\x81") == 0) {
+          r.push_back('_');
+          k += 2;
+        } else {
+          r.push_back(s[k]);
+        }
+      }
+      s.swap(r);
+    }
+    const auto ids = t.encode(s, false);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < t.n_vocab());
+    ASSERT_EQ(t.decode(ids), s) << name << " iter " << iter;
+    ASSERT_EQ(t.decode(t.encode(s, true)), s) << name << " iter " << iter;
+  }
+}
+
+TEST(TokenizerVocab, RandomRoundTrips) {
+  for (const char* name : {"llama-spm", "llama-bpe", "gpt-2", "qwen2"}) random_round_trips(load_vocab(name), name);
+}
+
+TEST(TokenizerVocab, LlamaSrcRandomRoundTrips) {
+  if (!std::filesystem::is_directory(llama_models_dir()))
+    GTEST_SKIP() << "no llama.cpp source tree at " << llama_models_dir()
+                 << " (run scripts/peer/build_llama_tools.sh, or set KVPACK_LLAMA_SRC)";
+  // Only bytes the vocab has tokens for: several of these vocabs lack a token for bytes that rarely
+  // or never occur in UTF-8 (e.g. falcon 0xF2, starcoder 0xF1; deepseek's 0xFF token is an added token whose
+  // text is "\xC3\xBF"), and text with such a byte cannot round-trip, in llama.cpp either.
+  for (const char* name : {"falcon", "starcoder", "refact", "command-r", "deepseek-llm", "deepseek-coder", "qwen35"}) {
+    const Tokenizer t = load_vocab_file(llama_vocab_path(name));
+    const auto bytes = bpe_bytes_with_tokens(t);
+    std::string missing;
+    for (uint32_t b = 0; b < 256; ++b) {
+      if (bytes[b]) continue;
+      missing.push_back(' ');
+      missing += std::to_string(b);
+    }
+    std::printf("[ %s ] bytes without a token:%s\n", name, missing.empty() ? " none" : missing.c_str());
+    random_round_trips(t, name, &bytes);
   }
 }
 
@@ -393,6 +483,11 @@ TEST(TokenizerVocab, GgufErrors) {
     auto w = base_writer("gpt2", "made-up-pre");
     w.set_string_array("tokenizer.ggml.merges", {"a b"});
     expect_error_mentions(w, "'made-up-pre'");
+  }
+  {
+    auto w = base_writer("gpt2", "tekken");  // a llama.cpp pre-tokenizer kvpack does not have
+    w.set_string_array("tokenizer.ggml.merges", {"a b"});
+    expect_error_mentions(w, "unsupported BPE pre-tokenizer 'tekken'");
   }
   expect_error_mentions(base_writer("gpt2", "gpt-2"), "tokenizer.ggml.merges");
   {

@@ -9,6 +9,7 @@
 //    class that spans e.g. U+3000 never matches it (`wide` below).
 // Both run ECMAScript alternation: at the leftmost position where any alternative matches, the first one
 // that matches wins; characters where nothing matches join into one piece.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -63,11 +64,9 @@ uint32_t wide(const Cp& c) { return (c.c > 0x7F && c.c != kInvalid && (c.flags &
 
 template <size_t N>
 bool in_ranges(const Range (&r)[N], uint32_t c) {
-  for (const Range& x : r) {
-    if (c < x.lo) return false;  // sorted
-    if (c <= x.hi) return true;
-  }
-  return false;
+  // the first range that ends at or after c (the tables are sorted and disjoint)
+  const Range* it = std::lower_bound(std::begin(r), std::end(r), c, [](const Range& x, uint32_t v) { return x.hi < v; });
+  return it != std::end(r) && it->lo <= c;
 }
 
 bool is_nl(uint32_t c) { return c == '\r' || c == '\n'; }
