@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using tokenizer_detail::PreKind;
   for (PreKind k : {PreKind::GPT2, PreKind::LLAMA3, PreKind::QWEN2, PreKind::QWEN35, PreKind::DEFAULT,
                     PreKind::FALCON, PreKind::STARCODER, PreKind::DEEPSEEK_LLM, PreKind::DEEPSEEK_CODER,
-                    PreKind::DEEPSEEK3}) {
+                    PreKind::DEEPSEEK3, PreKind::TEKKEN, PreKind::GPT4O, PreKind::BLOOM, PreKind::VIKING}) {
     size_t at = 0;
     for (const auto& [b, e] : tokenizer_detail::pretokenize_ranges(k, text)) {
       if (b != at || e <= b || e > text.size()) std::abort();

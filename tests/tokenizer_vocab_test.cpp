@@ -338,8 +338,18 @@ TEST(TokenizerVocab, ChainPreTokenizerSplits) {
   // qwen35: combining marks stay in the letter run (qwen2 splits them off)
   EXPECT_EQ(pretokenize("qwen35", "e\xCC\x81t"), (V{"e\xCC\x81t"}));
   EXPECT_EQ(pretokenize("qwen2", "e\xCC\x81t"), (V{"e", "\xCC\x81t"}));
+  // tekken / gpt-4o (no llama.cpp vectors): only ASCII letters have a case, so "éA" splits and "aéB" too
+  EXPECT_EQ(pretokenize("tekken", "HeLLo wORLD's 12 \xC3\xA9" "A a\xC3\xA9" "B"),
+            (V{"He", "LLo", " w", "ORLD", "'s", " ", "1", "2", " \xC3\xA9", "A", " a\xC3\xA9", "B"}));
+  EXPECT_EQ(pretokenize("tekken", "x/\n/ ab"), (V{"x", "/\n/", " ab"}));
+  EXPECT_EQ(pretokenize("llama4", "HeLLo wORLD's 1234 IT'S"), (V{"He", "LLo", " w", "ORLD's", " ", "123", "4", " IT'S"}));
+  // bloom family: runs up to whitespace and . , ! ? ( | ) and a few non-ASCII stops; viking splits digits after
+  EXPECT_EQ(pretokenize("bloom", "Hello, world! (a|b) x\xE2\x80\xA6y  z"),
+            (V{"Hello", ",", " world", "! (", "a", "|", "b", ")", " x", "\xE2\x80\xA6", "y", " ", " z"}));
+  EXPECT_EQ(pretokenize("viking", "ab12 cd"), (V{"ab", "1", "2", " cd"}));
   // pieces cover the text, invalid bytes included
-  for (const char* pre : {"falcon", "starcoder", "deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen35"}) {
+  for (const char* pre : {"falcon", "starcoder", "deepseek-llm", "deepseek-coder", "deepseek-v3", "qwen35", "tekken",
+                          "gpt-4o", "bloom", "viking"}) {
     const std::string s = std::string("a\xFF\xE4\xB8 1\n\xC3");
     std::string joined;
     for (const auto& p : pretokenize(pre, s)) {
@@ -349,7 +359,7 @@ TEST(TokenizerVocab, ChainPreTokenizerSplits) {
     EXPECT_EQ(joined, s) << pre;
   }
   // names llama.cpp knows whose patterns kvpack does not implement are refused like unknown ones
-  for (const char* pre : {"bloom", "tekken", "chatglm-bpe", "roberta-bpe", "gpt-4o", "kimi-k2"})
+  for (const char* pre : {"chatglm-bpe", "roberta-bpe", "kimi-k2", "jais-2", "seed-coder", "granite-embed-multi-97m"})
     EXPECT_THROW(pretokenize(pre, "x"), std::runtime_error) << pre;
 }
 
@@ -485,9 +495,9 @@ TEST(TokenizerVocab, GgufErrors) {
     expect_error_mentions(w, "'made-up-pre'");
   }
   {
-    auto w = base_writer("gpt2", "tekken");  // a llama.cpp pre-tokenizer kvpack does not have
+    auto w = base_writer("gpt2", "kimi-k2");  // a llama.cpp pre-tokenizer kvpack does not have
     w.set_string_array("tokenizer.ggml.merges", {"a b"});
-    expect_error_mentions(w, "unsupported BPE pre-tokenizer 'tekken'");
+    expect_error_mentions(w, "unsupported BPE pre-tokenizer 'kimi-k2'");
   }
   expect_error_mentions(base_writer("gpt2", "gpt-2"), "tokenizer.ggml.merges");
   {

@@ -103,7 +103,8 @@ Cps decode(std::string_view s) {
 
 uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
-// Matches the contraction alternatives at `pos`; returns the match length (0 if none).
+}  // namespace
+
 size_t match_contraction(const Cps& cp, size_t pos, size_t e, bool case_insensitive) {
   if (cp[pos].c != '\'' || pos + 1 >= e) return 0;
   auto low = [&](size_t k) { return case_insensitive ? ascii_lower(cp[k].c) : cp[k].c; };
@@ -115,8 +116,6 @@ size_t match_contraction(const Cps& cp, size_t pos, size_t e, bool case_insensit
   }
   return 0;
 }
-
-}  // namespace
 
 size_t match_whitespace(const Cps& cp, size_t pos, size_t e, bool newline_rule) {
   size_t k = pos;
@@ -206,7 +205,10 @@ bool lookup_pre(std::string_view name, PreInfo* out) {
   } table[] = {
       // Names and flags as llama.cpp's llama_vocab::load maps them (ignore_merges / add_bos only where it sets
       // them). Left out: names whose models need more than a pre-tokenizer (jina-v1-en, jina-v2-code,
-      // roberta-bpe add a SEP token; chatglm-bpe / glm4 drop BOS) and patterns not implemented here.
+      // roberta-bpe add a SEP token; chatglm-bpe / glm4 drop BOS; gemma4, sarvam-moe escape whitespace) and
+      // the patterns not implemented here (jais-2, kimi-k2, chameleon, youtu, spark2_5, granite-embed-multi-*,
+      // tiny_aya, superbpe, bailingmoe, seed-coder, afmoe, laguna, exaone-moe, minicpm5, grok-2, ufakzeka,
+      // whitespace, ...).
       {"", {PreKind::DEFAULT, false, false}},
       {"default", {PreKind::DEFAULT, false, false}},
       {"gpt-2", {PreKind::GPT2, false, false}},
@@ -255,6 +257,16 @@ bool lookup_pre(std::string_view name, PreInfo* out) {
       {"exaone", {PreKind::STARCODER, false, false}},
       {"minerva-7b", {PreKind::STARCODER, false, false}},
       {"mellum2", {PreKind::STARCODER, false, false}},
+      {"tekken", {PreKind::TEKKEN, true, true}},
+      {"gpt-4o", {PreKind::GPT4O, false, false}},
+      {"llama4", {PreKind::GPT4O, false, false}},
+      {"kanana2", {PreKind::GPT4O, false, false}},
+      {"talkie", {PreKind::GPT4O, false, false}},
+      {"minimax-m2", {PreKind::GPT4O, false, false}},
+      {"bloom", {PreKind::BLOOM, false, false}},
+      {"poro-chat", {PreKind::BLOOM, false, false}},
+      {"gpt3-finnish", {PreKind::BLOOM, false, false}},
+      {"viking", {PreKind::VIKING, false, false}},
       {"deepseek-llm", {PreKind::DEEPSEEK_LLM, false, false}},
       {"deepseek-coder", {PreKind::DEEPSEEK_CODER, false, false}},
       {"deepseek-v3", {PreKind::DEEPSEEK3, false, false}},

@@ -24,6 +24,11 @@ enum class PreKind {
   DEEPSEEK_CODER,  // [\r\n] , \s?\p{L}+ , \s?\p{P}+ , [CJK/Hangul]+ , \p{N}
   DEEPSEEK3,       // \p{N}{1,3} , [CJK/kana]+ , [ASCII punct][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
                    // ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  // llama.cpp's rewrite of [\p{Lu}..]*[\p{Ll}..]+|[\p{Lu}..]+[\p{Ll}..]* with lookaheads (case = ASCII case only):
+  TEKKEN,  // <cased word>|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  GPT4O,   // <cased word><contraction>?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  BLOOM,   //  ?[^(\s|.,!?…。，、।۔،)]+
+  VIKING,  // BLOOM , \p{N}
 };
 
 struct PreInfo {

@@ -1,7 +1,7 @@
-// Pre-tokenizers that llama.cpp runs as a chain of regexes (llm_tokenizer_bpe's regex_exprs): every pattern
-// splits each piece the previous one produced, keeping both its matches and the text between them. Apart
-// from the GPT-2 pattern (llama.cpp's own fast path, split_gpt2), llama.cpp runs them with std::regex in
-// one of two ways, and the matchers here follow the one that applies:
+// Pre-tokenizers that llama.cpp runs through std::regex (llm_tokenizer_bpe's regex_exprs; a list of patterns
+// is a chain: every pattern splits each piece the previous one produced, keeping both its matches and the
+// text between them). The GPT-2 pattern is llama.cpp's own fast path (split_gpt2). llama.cpp runs the
+// others in one of two ways, and the matchers here follow the one that applies:
 //  - patterns naming \p{..}: on a "collapsed" string where ASCII stays itself and every other code point
 //    becomes one byte for its category (White_Space first), so a class like \p{L} means A-Za-z plus the
 //    non-ASCII letters, and the flags kL / kN / kP / kM / kS carry exactly that;
@@ -58,6 +58,12 @@ constexpr Range kDeepseekCjk[] = {{0x800, 0x9FA5}, {0xAC00, 0xD7FF}};
 
 // [一-龥぀-ゟ゠-ヿ]: CJK ideographs, hiragana, katakana.
 constexpr Range kDeepseek3Cjk[] = {{0x3040, 0x30FF}, {0x4E00, 0x9FA5}};
+
+// What [^(\s|.,!?…。，、।۔،)] leaves out besides whitespace (bloom's pattern lists '(', '|', ')' too).
+constexpr Range kBloomStops[] = {
+    {0x21, 0x21}, {0x28, 0x29}, {0x2C, 0x2C}, {0x2E, 0x2E},     {0x3F, 0x3F},     {0x7C, 0x7C},
+    {0x60C, 0x60C}, {0x6D4, 0x6D4}, {0x964, 0x964}, {0x2026, 0x2026}, {0x3001, 0x3002}, {0xFF0C, 0xFF0C},
+};
 
 // The code point a non-\p pattern sees (see the header comment).
 uint32_t wide(const Cp& c) { return (c.c > 0x7F && c.c != kInvalid && (c.flags & kW)) ? 0x0Bu : c.c; }
@@ -132,19 +138,25 @@ class Chain {
     });
   }
 
-  // \s?X+  (a whitespace character is taken only when X follows it)
-  template <class Pred>
-  Chain& ws_runs(Pred pred) {
-    const Cps& cp = cp_;
-    return pass([&cp, pred](size_t b, size_t e, std::vector<size_t>& out) {
+  // O?X+  (an O character is taken only when X follows it)
+  template <class Opt, class Pred>
+  Chain& opt_runs(Opt opt, Pred pred) {
+    return pass([opt, pred](size_t b, size_t e, std::vector<size_t>& out) {
       regex_split(b, e, [&](size_t p) {
         size_t q = p;
-        if (!pred(q) && (cp[q].flags & kW) && q + 1 < e && pred(q + 1)) ++q;
+        if (!pred(q) && opt(q) && q + 1 < e && pred(q + 1)) ++q;
         if (!pred(q)) return p;
         while (q < e && pred(q)) ++q;
         return q;
       }, out);
     });
+  }
+
+  // \s?X+
+  template <class Pred>
+  Chain& ws_runs(Pred pred) {
+    const Cps& cp = cp_;
+    return opt_runs([&cp](size_t k) { return (cp[k].flags & kW) != 0; }, pred);
   }
 
   // \s+$  (the whitespace that ends the piece)
@@ -216,6 +228,54 @@ size_t match_deepseek3(const Cps& cp, size_t pos, size_t e) {
   return pos;
 }
 
+// [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*
+// at the letter `s`: llama.cpp's rewrite of tekken's / gpt-4o's [\p{Lu}..]*[\p{Ll}..]+|[\p{Lu}..]+[\p{Ll}..]*. On
+// its collapsed text only ASCII letters have a case: A-Z count as upper, a-z as lower, every other letter as
+// both. Returns the end (> s, since a letter always matches one of the two).
+size_t match_cased_word(const Cps& cp, size_t s, size_t e) {
+  auto letter = [&](size_t k) { return k < e && (cp[k].flags & kL); };
+  auto upper = [&](size_t k) { return letter(k) && !(cp[k].c >= 'a' && cp[k].c <= 'z'); };
+  auto lower = [&](size_t k) { return letter(k) && !(cp[k].c >= 'A' && cp[k].c <= 'Z'); };
+  size_t u = s;
+  while (upper(u)) ++u;
+  // upper* lower+: backtracking gives the upper run back one character at a time until a lower one follows
+  for (size_t k = u + 1; k-- > s;) {
+    if (!lower(k)) continue;
+    size_t q = k;
+    while (lower(q)) ++q;
+    return q;
+  }
+  return u;  // upper+ (no lower character after or inside the run, so lower* is empty)
+}
+
+// tekken (max_digits 1) / gpt-4o (max_digits 3, with contractions):
+// <cased word>('s|'t|'re|'ve|'m|'ll|'d, any case)?|\p{N}{1,max}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+size_t match_tekken(const Cps& cp, size_t pos, size_t e, size_t max_digits, bool contractions) {
+  const uint32_t c = cp[pos].c;
+  const uint8_t f = cp[pos].flags;
+  // the optional prefix is no letter, so with or without it only one start can begin a word
+  const size_t s = (!(f & (kL | kN)) && !is_nl(c)) ? pos + 1 : pos;
+  if (s < e && (cp[s].flags & kL)) {
+    size_t end = match_cased_word(cp, s, e);
+    if (contractions && end < e) end += match_contraction(cp, end, e, true);
+    return end;
+  }
+  if (f & kN) {
+    size_t q = pos;
+    while (q < e && q - pos < max_digits && (cp[q].flags & kN)) ++q;
+    return q;
+  }
+  const size_t q0 = pos + (c == ' ' ? 1 : 0);
+  if (q0 < e && !(cp[q0].flags & (kW | kL | kN))) {
+    size_t q = q0;
+    while (q < e && !(cp[q].flags & (kW | kL | kN))) ++q;
+    while (q < e && (is_nl(cp[q].c) || cp[q].c == '/')) ++q;
+    return q;
+  }
+  if (f & kW) return match_whitespace(cp, pos, e, true);
+  return pos;
+}
+
 }  // namespace
 
 void split_chain(PreKind kind, const Cps& cp, std::vector<size_t>& ends) {
@@ -254,6 +314,21 @@ void split_chain(PreKind kind, const Cps& cp, std::vector<size_t>& ends) {
       ch.runs(flag(kN), 3).runs(table(kDeepseek3Cjk)).pass([&cp](size_t b, size_t e, std::vector<size_t>& out) {
         regex_split(b, e, [&](size_t p) { return match_deepseek3(cp, p, e); }, out);
       });
+      break;
+    case PreKind::TEKKEN:
+    case PreKind::GPT4O: {
+      const bool gpt4o = kind == PreKind::GPT4O;
+      ch.pass([&cp, gpt4o](size_t b, size_t e, std::vector<size_t>& out) {
+        regex_split(b, e, [&](size_t p) { return match_tekken(cp, p, e, gpt4o ? 3 : 1, gpt4o); }, out);
+      });
+      break;
+    }
+    case PreKind::BLOOM:
+    case PreKind::VIKING:
+      // " ?[^(\s|.,!?…。，、।۔،)]+" (, \p{N})
+      ch.opt_runs([&cp](size_t k) { return cp[k].c == ' '; },
+                  [&cp](size_t k) { return !(cp[k].flags & kW) && !in_ranges(kBloomStops, wide(cp[k])); });
+      if (kind == PreKind::VIKING) ch.single(flag(kN));
       break;
     default:  // DEFAULT
       ch.runs(punct_and(false)).gpt2().runs(flag(kN)).ascii_digit_triples();
