@@ -318,8 +318,8 @@ TEST(TokenizerVocab, ChainPreTokenizerSplits) {
   // starcoder family: every digit alone, before the GPT-2 pattern
   EXPECT_EQ(pretokenize("starcoder", "x12 345"), (V{"x", "1", "2", " ", "3", "4", "5"}));
   EXPECT_EQ(pretokenize("command-r", "we'll 7a"), (V{"we", "'ll", " ", "7", "a"}));
-  // deepseek-llm: letters outside its letter list (é is in it, but the punctuation pass, whose ASCII range
-  // takes letters, re-splits "aΩ"-like words); trailing whitespace; CJK runs; \p{N}+
+  // deepseek-llm: the punctuation pass after the letter pass has ASCII letters in its range, so it re-splits a
+  // word that mixes ASCII and other letters ("Ωmega", "héllo"); trailing whitespace; CJK runs; \p{N}+
   EXPECT_EQ(pretokenize("deepseek-llm", "\xCE\xA9mega \xCE\xB1\xCE\xB2"), (V{"\xCE\xA9", "mega", " \xCE\xB1\xCE\xB2"}));
   EXPECT_EQ(pretokenize("deepseek-llm", "  h\xC3\xA9llo, \xE4\xB8\x96\xE7\x95\x8C" "123\xEF\xBC\x81"),
             (V{" ", " h", "\xC3\xA9", "llo", ",", " ", "\xE4\xB8\x96\xE7\x95\x8C", "123", "\xEF\xBC\x81"}));
