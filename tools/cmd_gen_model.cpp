@@ -124,8 +124,11 @@ void add_gen_model(CLI::App& app) {
   auto preset = std::make_shared<std::string>();
   auto type = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  cmd->add_option("--preset", *preset, "Start from a preset: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3");
-  cmd->add_option("--arch", s->arch, "Architecture: llama, qwen2, qwen3")->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+  cmd->add_option("--preset", *preset, "Start from a preset: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3");
+  cmd->add_option("--arch", s->arch, "Architecture: llama, qwen2, qwen3, phi3, gemma3")
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3", "gemma3"}));
+  cmd->add_option("--sliding-window", s->sliding_window, "phi3 / gemma3: attention.sliding_window (0: none)");
+  cmd->add_option("--softcap", s->final_logit_softcapping, "gemma3: final_logit_softcapping (0: none)");
   cmd->add_option("--vocab", s->n_vocab, "Vocabulary size");
   cmd->add_option("--embd", s->n_embd, "Embedding width");
   cmd->add_option("--layers", s->n_layer, "Layers");
@@ -160,6 +163,8 @@ void add_gen_model(CLI::App& app) {
       if (cmd->count("--rope-theta")) spec.rope_theta = s->rope_theta;
       if (cmd->count("--tied")) spec.tied_embeddings = true;
       if (cmd->count("--seed")) spec.seed = s->seed;
+      if (cmd->count("--sliding-window")) spec.sliding_window = s->sliding_window;
+      if (cmd->count("--softcap")) spec.final_logit_softcapping = s->final_logit_softcapping;
     }
     if (!type->empty()) parse_type(*type, spec);
     spec.validate();

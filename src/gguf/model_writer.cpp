@@ -1,4 +1,4 @@
-// Random-weight llama/qwen2/qwen3 GGUFs (see model_writer.h). Key names, tensor names, shapes and
+// Random-weight llama/qwen2/qwen3/phi3/gemma3 GGUFs (see model_writer.h). Key names, tensor names, shapes and
 // per-tensor types follow llama.cpp's converter output, so the files load in llama.cpp unchanged.
 #include "gguf/model_writer.h"
 
@@ -148,6 +148,9 @@ struct Vocab {
 
 std::vector<std::string> special_tokens(const std::string& arch) {
   if (arch == "llama") return {"<|begin_of_text|>", "<|end_of_text|>"};
+  // llama.cpp's vocab loader sets attributes on these by name when general.name says phi3 (it fails
+  // without them); Phi-3's own specials: BOS <s>, EOS <|endoftext|>, end of turn <|end|>.
+  if (arch == "phi3") return {"<s>", "</s>", "<unk>", "<|endoftext|>", "<|end|>"};
   return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 }
 
@@ -167,7 +170,7 @@ Vocab make_vocab(const RandomModelSpec& s) {
     v.types.push_back(kControl);
   }
   v.bos = first_special;
-  v.eos = s.arch == "llama" ? first_special + 1 : first_special;  // qwen: <|endoftext|> for both
+  v.eos = s.arch == "llama" ? first_special + 1 : s.arch == "phi3" ? first_special + 3 : first_special;  // qwen: <|endoftext|> for both
   // Filler tokens: unique, made only of printable ASCII so any GPT-2 byte decoder can render them.
   for (uint32_t i = static_cast<uint32_t>(v.tokens.size()); i < s.n_vocab; ++i) {
     v.tokens.push_back("<filler_" + std::to_string(i) + ">");
@@ -239,21 +242,51 @@ RandomModelSpec RandomModelSpec::preset(std::string_view name) {
     s.rope_theta = 1e6f;
     s.rms_eps = 1e-6f;
     s.tied_embeddings = true;
+  } else if (name == "tiny-phi3") {
+    // Phi-3-mini's layout at a small size: fused attn_qkv and gate+up, head_dim = n_embd / n_head, and a
+    // sliding_window key as in the Phi-3-mini-4k GGUFs (llama.cpp ignores it; so does kvpack).
+    s.arch = "phi3";
+    s.n_embd = 256;
+    s.n_layer = 3;
+    s.n_head = 8;
+    s.n_head_kv = 8;
+    s.head_dim = 32;
+    s.n_ff = 512;
+    s.n_ctx = 4096;
+    s.sliding_window = 2047;
+  } else if (name == "tiny-gemma3") {
+    // Gemma 3's layout at a small size: 6 layers so the default 5 local : 1 global pattern has one global
+    // layer (layer 5); head_dim != n_embd / n_head as in the real models; a short window (16) so a few
+    // hundred tokens exercise the sliding-window mask; local RoPE base 10000, global 1e6; tied embeddings.
+    s.arch = "gemma3";
+    s.n_embd = 256;
+    s.n_layer = 6;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.head_dim = 128;
+    s.n_ff = 512;
+    s.n_ctx = 4096;
+    s.rope_theta = 1e6f;
+    s.rope_theta_swa = 10000.0f;
+    s.rms_eps = 1e-6f;
+    s.sliding_window = 16;
+    s.tied_embeddings = true;
   } else if (name == "tiny-llama") {
     s.arch = "llama";  // defaults: vocab 512, embd 64, 2 layers, 4/2 heads, head_dim 16, ffn 128
   } else {
-    bad_spec("unknown preset '" + std::string(name) + "' (known: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3)");
+    bad_spec("unknown preset '" + std::string(name) + "' (known: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3)");
   }
   return s;
 }
 
 void RandomModelSpec::validate() const {
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
-    bad_spec("unknown arch '" + arch + "' (llama, qwen2, qwen3)");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" && arch != "gemma3")
+    bad_spec("unknown arch '" + arch + "' (llama, qwen2, qwen3, phi3, gemma3)");
+  if (arch == "phi3" && n_head_kv != n_head) bad_spec("phi3 needs n_head_kv == n_head (attn_output is n_embd x n_embd)");
   if (!n_vocab || !n_embd || !n_layer || !n_head || !n_head_kv || !head_dim || !n_ff || !n_ctx)
     bad_spec("all sizes must be positive");
   if (n_head % n_head_kv != 0) bad_spec("n_head must be a multiple of n_head_kv");
-  if (arch != "qwen3" && (n_embd % n_head != 0 || head_dim != n_embd / n_head))
+  if (arch != "qwen3" && arch != "gemma3" && (n_embd % n_head != 0 || head_dim != n_embd / n_head))
     bad_spec(arch + " needs head_dim == n_embd / n_head");
   if (head_dim % 2 != 0) bad_spec("head_dim must be even (RoPE rotates pairs)");
   if (n_vocab < min_vocab(arch)) bad_spec("n_vocab must be at least " + std::to_string(min_vocab(arch)));
@@ -294,6 +327,13 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     w.set_u32(a + ".rope.dimension_count", s.head_dim);
     w.set_u32(a + ".vocab_size", s.n_vocab);
   }
+  if (a == "phi3") {  // as convert_hf_to_gguf's Phi3MiniModel
+    w.set_u32(a + ".rope.dimension_count", s.head_dim);
+    w.set_u32(a + ".rope.scaling.original_context_length", s.n_ctx);
+  }
+  if ((a == "phi3" || a == "gemma3") && s.sliding_window > 0) w.set_u32(a + ".attention.sliding_window", s.sliding_window);
+  if (a == "gemma3" && s.sliding_window > 0) w.set_f32(a + ".rope.freq_base_swa", s.rope_theta_swa);
+  if (a == "gemma3" && s.final_logit_softcapping > 0) w.set_f32(a + ".final_logit_softcapping", s.final_logit_softcapping);
 
   Vocab v = make_vocab(s);
   w.set_string("tokenizer.ggml.model", "gpt2");
@@ -328,6 +368,14 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const DType more = mixed && more_bits_layer(l, s.n_layer) ? DType::Q6_K : wt;  // attn_v, ffn_down
     norm(p + "attn_norm.weight", E);
+    if (a == "phi3") {  // fused tensors: attn_qkv = Q|K|V rows, ffn_up = gate|up rows
+      weight(p + "attn_qkv.weight", E, q_dim + 2 * kv_dim, wt);
+      weight(p + "attn_output.weight", q_dim, E, wt);
+      norm(p + "ffn_norm.weight", E);
+      weight(p + "ffn_up.weight", E, 2 * F, wt);
+      weight(p + "ffn_down.weight", F, E, more);
+      continue;
+    }
     weight(p + "attn_q.weight", E, q_dim, wt);
     if (a == "qwen2") bias(p + "attn_q.bias", q_dim);
     weight(p + "attn_k.weight", E, kv_dim, wt);
@@ -335,14 +383,16 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
     weight(p + "attn_v.weight", E, kv_dim, more);
     if (a == "qwen2") bias(p + "attn_v.bias", kv_dim);
     weight(p + "attn_output.weight", q_dim, E, wt);
-    if (a == "qwen3") {
+    if (a == "qwen3" || a == "gemma3") {
       norm(p + "attn_q_norm.weight", hd);
       norm(p + "attn_k_norm.weight", hd);
     }
+    if (a == "gemma3") norm(p + "post_attention_norm.weight", E);
     norm(p + "ffn_norm.weight", E);
     weight(p + "ffn_gate.weight", E, F, wt);
     weight(p + "ffn_up.weight", E, F, wt);
     weight(p + "ffn_down.weight", F, E, more);
+    if (a == "gemma3") norm(p + "post_ffw_norm.weight", E);
   }
   norm("output_norm.weight", E);
   if (!s.tied_embeddings) weight("output.weight", E, V, ot);

@@ -1,5 +1,5 @@
-// Random-weight model files: GGUFs laid out exactly like llama.cpp's converted llama / qwen2 / qwen3
-// models (same keys, tensor names, shapes and types), filled with deterministic pseudo-random
+// Random-weight model files: GGUFs laid out exactly like llama.cpp's converted llama / qwen2 / qwen3 /
+// phi3 / gemma3 models (same keys, tensor names, shapes and types), filled with deterministic pseudo-random
 // weights. They exercise the loader, kernels and engine at real sizes (e.g. the Qwen3-0.6B shape)
 // without shipping real weights, and llama.cpp itself can load them for speed comparisons.
 //
@@ -17,17 +17,22 @@
 namespace kvpack::gguf {
 
 struct RandomModelSpec {
-  std::string arch = "llama";  // "llama", "qwen2" (q/k/v biases) or "qwen3" (q/k norms)
+  // "llama", "qwen2" (q/k/v biases), "qwen3" (q/k norms), "phi3" (fused attn_qkv and gate+up ffn_up;
+  // needs n_head_kv == n_head) or "gemma3" (q/k norms, post-attention / post-FFN norms, GeGLU)
+  std::string arch = "llama";
   uint32_t n_vocab = 512;      // >= 266: 256 byte tokens, a few merges and the special tokens
   uint32_t n_embd = 64;
   uint32_t n_layer = 2;
   uint32_t n_head = 4;
   uint32_t n_head_kv = 2;      // must divide n_head
-  uint32_t head_dim = 16;      // llama/qwen2: must equal n_embd / n_head; qwen3: free
+  uint32_t head_dim = 16;      // llama/qwen2/phi3: must equal n_embd / n_head; qwen3/gemma3: free
   uint32_t n_ff = 128;
   uint32_t n_ctx = 256;
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
+  uint32_t sliding_window = 0;   // phi3 / gemma3: <arch>.attention.sliding_window (0: key not written)
+  float rope_theta_swa = 10000.0f;  // gemma3 with a window: rope.freq_base_swa (local layers)
+  float final_logit_softcapping = 0.0f;  // gemma3: written when > 0
   bool tied_embeddings = false;  // true: no output.weight, the output reuses token_embd.weight
   // 2-D weights: F32, F16, BF16, Q8_0, the K-quants Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL or IQ4_XS; norms and
   // biases stay F32. For the quantised types other than Q8_0, token_embd / output stay Q8_0 (so a file
@@ -42,7 +47,7 @@ struct RandomModelSpec {
   uint64_t seed = 0;
 
   // "qwen3-0.6b" (Qwen3-0.6B shape, F16), and tiny test models "tiny-llama", "tiny-qwen2",
-  // "tiny-qwen3". Throws Error for unknown names.
+  // "tiny-qwen3", "tiny-phi3", "tiny-gemma3". Throws Error for unknown names.
   static RandomModelSpec preset(std::string_view name);
 
   // Throws Error describing the first inconsistency (unknown arch, head_dim mismatch, dims that are

@@ -23,6 +23,15 @@ void add_bias(float* y, const Weight& b, int64_t n_tokens) {
   for (int64_t t = 0; t < n_tokens; ++t) kernels::add_inplace(y + t * b.n_in, b.f32(), b.n_in);
 }
 
+// a[i] = gelu(a[i]) * b[i] with GELU's tanh approximation (GeGLU; ggml_gelu).
+void gelu_mul(float* a, const float* b, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCoef = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = a[i];
+    a[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + kCoef * x * x))) * b[i];
+  }
+}
+
 // Prefill query tokens are split into blocks so both threads get attention work even with few KV heads.
 constexpr int32_t kAttnTokenBlock = 64;
 // Attention scratch is sized for pages up to this many slots.
@@ -48,6 +57,11 @@ Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
   attn_scratch_per_thread_ = kernels::attention_scratch_floats(std::min(kAttnTokenBlock, max_batch_tokens), c.group(),
                                                                c.head_dim, kMaxPageSize);
   attn_scratch_.resize(attn_scratch_per_thread_ * static_cast<size_t>(pool.size()));
+  if (c.swa_window > 0) {
+    rope_cs_swa_.resize(T * static_cast<size_t>(c.rope_dims));
+    window_scratch_per_thread_ = static_cast<size_t>(c.group()) * (c.head_dim + 2) + 2 * static_cast<size_t>(c.head_dim);
+    window_scratch_.resize(window_scratch_per_thread_ * static_cast<size_t>(pool.size()));
+  }
 }
 
 bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
@@ -95,8 +109,13 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
       const int32_t tok = batch[i].tokens[static_cast<size_t>(t)];
       const auto* base = static_cast<const uint8_t*>(W.tok_embd.data) + row_bytes(W.tok_embd.type, E) * static_cast<uint64_t>(tok);
       kernels::dequantize_row(base, W.tok_embd.type, E, x_.data() + row * E);
+      if (c.embd_scale != 1.0f)
+        for (int64_t e = 0; e < E; ++e) x_[static_cast<size_t>(row * E + e)] *= c.embd_scale;
     }
   kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta, 1.0f / c.rope_freq_scale, rope_cs_.data());
+  if (c.swa_window > 0)
+    kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta_swa, 1.0f / c.rope_freq_scale_swa,
+                        rope_cs_swa_.data());
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = W.layers[static_cast<size_t>(l)];
@@ -119,7 +138,7 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
       for (size_t i = 0; i < batch.size(); ++i)
         observer->on_query_pre_rope(static_cast<int32_t>(i), l, q_.data() + spans_[i].begin * QD, spans_[i].n, QD);
     for (int64_t t = 0; t < total; ++t) {
-      const float* cs = rope_cs_.data() + t * c.rope_dims;
+      const float* cs = (c.is_swa(l) ? rope_cs_swa_.data() : rope_cs_.data()) + t * c.rope_dims;
       for (int32_t h = 0; h < c.n_head; ++h) kernels::rope_apply(q_.data() + t * QD + h * HD, cs, c.rope_dims, c.rope_neox);
       for (int32_t h = 0; h < c.n_head_kv; ++h) kernels::rope_apply(k_.data() + t * KVD + h * HD, cs, c.rope_dims, c.rope_neox);
     }
@@ -143,12 +162,21 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
     }
     attention(batch, l);
     matmul(L.wo, att_.data(), total, xb_.data(), pool_);
+    if (L.attn_post_norm)
+      for (int64_t t = 0; t < total; ++t)
+        kernels::rmsnorm(xb_.data() + t * E, L.attn_post_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
     kernels::add_inplace(x_.data(), xb_.data(), total * E);
     for (int64_t t = 0; t < total; ++t) kernels::rmsnorm(x_.data() + t * E, L.ffn_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
     matmul(L.w_gate, xb_.data(), total, hb_.data(), pool_);
     matmul(L.w_up, xb_.data(), total, hb2_.data(), pool_);
-    kernels::silu_mul(hb_.data(), hb2_.data(), total * c.n_ff);
+    if (c.gelu_ffn)
+      gelu_mul(hb_.data(), hb2_.data(), total * c.n_ff);
+    else
+      kernels::silu_mul(hb_.data(), hb2_.data(), total * c.n_ff);
     matmul(L.w_down, hb_.data(), total, xb_.data(), pool_);
+    if (L.ffn_post_norm)
+      for (int64_t t = 0; t < total; ++t)
+        kernels::rmsnorm(xb_.data() + t * E, L.ffn_post_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
     kernels::add_inplace(x_.data(), xb_.data(), total * E);
   }
 
@@ -161,6 +189,10 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
     for (int32_t t = 0; t < rows; ++t)
       kernels::rmsnorm(x_.data() + (spans_[i].begin + first + t) * E, W.out_norm.f32(), E, c.rms_eps, logits_in_.data() + t * E);
     matmul(W.output, logits_in_.data(), rows, b.logits, pool_);
+    if (c.logit_softcap > 0) {
+      const float cap = c.logit_softcap, inv = 1.0f / c.logit_softcap;
+      for (int64_t i = 0; i < static_cast<int64_t>(rows) * c.n_vocab; ++i) b.logits[i] = cap * std::tanh(b.logits[i] * inv);
+    }
   }
   return true;
 }
@@ -169,7 +201,8 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
   const ModelConfig& c = model_->config();
   const int32_t G = c.group();
   const int64_t QD = c.q_dim(), HD = c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(HD));
+  const bool swa = c.is_swa(layer);
   // Tasks: (sequence, kv head, token block). With key_mass (H2O) all blocks of a stream add into the
   // same mass row, so that item's blocks run inside one task, one after another (no data race).
   auto blocks_of = [&](size_t i) {
@@ -190,6 +223,17 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
     const int32_t s = b.kv->stream_index(layer, head);
     for (; t0 < t_end; t0 += kAttnTokenBlock) {
       const int32_t t1 = std::min(t_end, t0 + kAttnTokenBlock);
+      if (swa) {
+        // Does the window cut into the slots the block's last token sees? (Positions increase with the
+        // slot index, so the first slot holds the oldest position.)
+        const kv::SequenceKv& kv = *b.kv;
+        const int32_t last_slot = kv.n_slots(s) - n + t1 - 1;
+        if (kv.position(s, last_slot) - kv.position(s, 0) >= c.swa_window) {
+          window_attention(b, static_cast<int32_t>(item), layer, head, t0, t1, scale,
+                           window_scratch_.data() + static_cast<size_t>(thread) * window_scratch_per_thread_);
+          continue;
+        }
+      }
       kernels::KvStreamView view = b.kv->view(s);
       view.n_slots = view.n_slots - n + t1;  // causal: this block's last token sees up to its own slot
       const int64_t row0 = spans_[item].begin + t0;
@@ -206,6 +250,78 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
       kernels::paged_attention(view, a);
     }
   });
+}
+
+void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1,
+                               float scale, float* scratch) {
+  const ModelConfig& c = model_->config();
+  const int32_t G = c.group(), HD = c.head_dim;
+  const int64_t QD = c.q_dim();
+  const kv::SequenceKv& kv = *b.kv;
+  const int32_t s = kv.stream_index(layer, head);
+  const kernels::KvStreamView view = kv.view(s);
+  const DType kt = view.kv_type;
+  const size_t row_b = kernels::kv_row_bytes(kt, HD);
+  auto k_row = [&](int32_t slot) {
+    return view.pages[slot / view.page_size] + static_cast<size_t>(slot % view.page_size) * row_b;
+  };
+  float* acc = scratch;                              // [G][HD]
+  float* m = acc + static_cast<size_t>(G) * HD;      // [G] running max
+  float* l = m + G;                                  // [G] running sum
+  float* krow = l + G;                               // [HD]
+  float* vrow = krow + HD;                           // [HD]
+  const int32_t n = spans_[static_cast<size_t>(item)].n;
+  float* mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
+  for (int32_t t = t0; t < t1; ++t) {
+    const int32_t hi = kv.n_slots(s) - n + t + 1;  // causal: up to its own slot
+    const int32_t p = kv.position(s, hi - 1);
+    // First slot inside the window: position > p - window (llama.cpp LLAMA_SWA_TYPE_STANDARD).
+    int32_t lo = 0, up = hi - 1;
+    while (lo < up) {
+      const int32_t mid = lo + (up - lo) / 2;
+      if (p - kv.position(s, mid) >= c.swa_window) lo = mid + 1; else up = mid;
+    }
+    const int64_t row = spans_[static_cast<size_t>(item)].begin + t;
+    const float* q = q_.data() + row * QD + static_cast<int64_t>(head) * G * HD;
+    std::fill(acc, acc + static_cast<size_t>(G) * HD, 0.0f);
+    std::fill(m, m + G, -INFINITY);
+    std::fill(l, l + G, 0.0f);
+    for (int32_t j = lo; j < hi; ++j) {
+      kernels::kv_decode_row(k_row(j), kt, HD, krow);
+      kernels::kv_decode_row(k_row(j) + view.v_offset, kt, HD, vrow);
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qg = q + static_cast<int64_t>(g) * HD;
+        float d = 0;
+        for (int32_t e = 0; e < HD; ++e) d += qg[e] * krow[e];
+        d *= scale;
+        float* o = acc + static_cast<size_t>(g) * HD;
+        if (d > m[g]) {
+          const float a = m[g] == -INFINITY ? 0.0f : std::exp(m[g] - d);
+          for (int32_t e = 0; e < HD; ++e) o[e] *= a;
+          l[g] *= a;
+          m[g] = d;
+        }
+        const float w = std::exp(d - m[g]);
+        l[g] += w;
+        for (int32_t e = 0; e < HD; ++e) o[e] += w * vrow[e];
+      }
+    }
+    float* out = att_.data() + row * QD + static_cast<int64_t>(head) * G * HD;
+    for (int32_t g = 0; g < G; ++g) {
+      const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+      for (int32_t e = 0; e < HD; ++e) out[static_cast<int64_t>(g) * HD + e] = acc[static_cast<size_t>(g) * HD + e] * inv;
+    }
+    if (mass)  // H2O: each head's probability of each slot (second pass over the window)
+      for (int32_t j = lo; j < hi; ++j) {
+        kernels::kv_decode_row(k_row(j), kt, HD, krow);
+        for (int32_t g = 0; g < G; ++g) {
+          const float* qg = q + static_cast<int64_t>(g) * HD;
+          float d = 0;
+          for (int32_t e = 0; e < HD; ++e) d += qg[e] * krow[e];
+          if (l[g] > 0) mass[j] += std::exp(d * scale - m[g]) / l[g];
+        }
+      }
+  }
 }
 
 }  // namespace kvpack

@@ -3,8 +3,9 @@
 // Every token of every sequence in the batch goes through the weight matmuls together (one weight read
 // per batch, which is what makes continuous batching and chunked prefill pay); attention then runs per
 // sequence and KV stream over that sequence's pages. Per layer:
-//   rmsnorm → Q,K,V (+bias) → [q/k RMSNorm] → RoPE → write K,V into pages → paged flash attention
-//   → output projection + residual → rmsnorm → SwiGLU MLP + residual.
+//   [embeddings * embd_scale] → rmsnorm → Q,K,V (+bias) → [q/k RMSNorm] → RoPE → write K,V into pages
+//   → paged flash attention (windowed on sliding-window layers) → output projection [→ post-norm]
+//   + residual → rmsnorm → SwiGLU / GeGLU MLP [→ post-norm] + residual; [logit soft-cap].
 // Scratch buffers are sized once for `max_batch_tokens`, so a forward call does not allocate.
 // Thread-safety: a Forward is used by one thread at a time (it owns scratch); it parallelises inside
 // with the ThreadPool it was given.
@@ -53,14 +54,20 @@ class Forward {
 
  private:
   void attention(std::span<BatchItem> batch, int32_t layer);
+  // Query tokens [t0, t1) of batch item `item`, KV head `head`, on a sliding-window layer whose window
+  // cuts into the visible slots: plain online-softmax loop over the window (no page kernel).
+  void window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1, float scale,
+                        float* scratch);
 
   const Model* model_;
   ThreadPool* pool_;
   int32_t max_tokens_;
-  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rope_cs_, logits_in_;
+  std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rope_cs_, rope_cs_swa_, logits_in_;
   std::vector<int32_t> pos_;
   std::vector<float> attn_scratch_;
   size_t attn_scratch_per_thread_ = 0;
+  std::vector<float> window_scratch_;  // per thread: window_attention's accumulators
+  size_t window_scratch_per_thread_ = 0;
   struct Span {
     int32_t begin, n, slots_before;
   };
