@@ -18,6 +18,15 @@ shared=${KVPACK_SHARED_DIR:-$(cd .. && pwd)/shared}
 phase "optimised build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVPACK_BUILD_TESTS=ON -DKVPACK_SHARED_DIR="$shared" "${link[@]}" >/dev/null
 cmake --build build -j"$jobs"
+# llama.cpp's own tools (llama-quantize, llama-tokenize, llama_logits) from the llama.cpp release bundled in
+# the node-llama-cpp npm package: real quantised files and logit parity (ctest llama_cpp_quantized_files),
+# and the tokenizer vectors of its source tree (tokenizer_vocab_test).
+phase "llama.cpp tools"
+if command -v npm >/dev/null; then
+  scripts/peer/build_llama_tools.sh build-llama >/dev/null
+else
+  echo "test.sh: npm missing: the llama.cpp file and tokenizer checks will be skipped" >&2
+fi
 phase "optimised tests"
 (cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
 # -O0 -g1 (line tables: stack traces keep file:line) for the build time, with the numeric layers at -O1

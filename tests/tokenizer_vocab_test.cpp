@@ -287,6 +287,33 @@ TEST(TokenizerVocab, SpecialTokens) {
   EXPECT_EQ(sp, (std::vector<int32_t>{15043, 2, 15043}));
 }
 
+// Long texts take the 4-gram filter over special tokens (tokenizer_encode.cpp): every special and
+// user-defined token placed anywhere in a long text must still be found, exactly where it is, and a text
+// without them must encode as its plain pieces do.
+TEST(TokenizerVocab, SpecialTokensInLongTexts) {
+  const Tokenizer t = load_vocab("qwen2");
+  const std::string a(200, 'x'), filler = " the quick brown fox [PAD jumps] over <|im_st the lazy dog 151646]";
+  std::string b;
+  while (b.size() < 300) b += filler;
+  const auto ea = t.encode(a, false), eb = t.encode(b, false);
+  for (int32_t id : {151644, 151645, 151646, 151700, 151900}) {
+    const std::string tok = t.token_text(id);
+    const auto got = t.encode(a + tok + b, false, /*parse_special=*/true);
+    std::vector<int32_t> want = ea;
+    want.push_back(id);
+    want.insert(want.end(), eb.begin(), eb.end());
+    EXPECT_EQ(got, want) << tok;
+    // Twice, at both ends of a long text.
+    const auto ends = t.encode(tok + b + tok, false, true);
+    ASSERT_GE(ends.size(), 2u);
+    EXPECT_EQ(ends.front(), id);
+    EXPECT_EQ(ends.back(), id);
+  }
+  // Near misses of the tokens' last four bytes are text.
+  EXPECT_EQ(t.decode(t.encode(b, false, true)), b);
+  EXPECT_EQ(t.encode(b, false, true), eb);
+}
+
 TEST(TokenizerVocab, PreTokenizerSplits) {
   using V = std::vector<std::string>;
   using tokenizer_detail::pretokenize;

@@ -3,6 +3,7 @@
 //   eval tasks      long-dependency tasks (needle, vartrack, pointer) scored by exact match
 //   eval gen-tasks  the task generator's prompt/answer pairs as JSON lines (for training a testbed model)
 //   eval sweep      policies x budgets (x tasks) -> results.csv, results.md, plots
+//   eval parity     teacher-forced logits against llama.cpp on the same file and ids (cmd_eval_parity.cpp)
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -357,6 +358,7 @@ void add_eval(CLI::App& app) {
   add_tasks(*eval);
   add_gen_tasks(*eval);
   add_sweep(*eval);
+  add_eval_parity(*eval);
 }
 
 }  // namespace kvpack::cli

@@ -10,6 +10,7 @@ void add_gen_model(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_eval(CLI::App& app);  // `kvpack eval` (kld, tasks, gen-tasks, sweep): the quality harness
+void add_eval_parity(CLI::App& eval);  // `kvpack eval parity` (tools/cmd_eval_parity.cpp)
 void add_bench(CLI::App& app);  // `kvpack bench` and its sub-commands
 void add_analyze_prefix(CLI::App& app);  // `kvpack analyze-prefix`: what breaks prefix reuse in a request log
 

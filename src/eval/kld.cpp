@@ -13,19 +13,6 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// log-softmax in double; argmax = first index of the maximum.
-int32_t log_softmax(const float* x, int32_t n, std::vector<double>& lp) {
-  int32_t am = 0;
-  for (int32_t i = 1; i < n; ++i)
-    if (x[i] > x[am]) am = i;
-  const double mx = x[am];
-  double sum = 0;
-  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
-  const double lse = std::log(sum);
-  for (int32_t i = 0; i < n; ++i) lp[static_cast<size_t>(i)] = (static_cast<double>(x[i]) - mx) - lse;
-  return am;
-}
-
 EngineOptions sized_for(const Model& model, const EngineOptions& eo, int32_t ctx, int sequences) {
   EngineOptions e = eo;
   if (e.kv_pages == 0) {
@@ -48,6 +35,18 @@ void run_one(Engine& engine, kv::SequenceKv& seq, const int32_t* token, float* l
 }
 
 }  // namespace
+
+int32_t log_softmax(const float* x, int32_t n, std::vector<double>& lp) {
+  int32_t am = 0;
+  for (int32_t i = 1; i < n; ++i)
+    if (x[i] > x[am]) am = i;
+  const double mx = x[am];
+  double sum = 0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  const double lse = std::log(sum);
+  for (int32_t i = 0; i < n; ++i) lp[static_cast<size_t>(i)] = (static_cast<double>(x[i]) - mx) - lse;
+  return am;
+}
 
 std::vector<std::vector<int32_t>> make_windows(const Model& model, std::span<const int32_t> text_tokens, int32_t ctx,
                                                int32_t max_windows) {

@@ -53,6 +53,9 @@ struct KldResult {
   double seconds = 0;
 };
 
+// log-softmax of x[0..n) in double into lp (size >= n); returns the argmax (first index of the maximum).
+int32_t log_softmax(const float* x, int32_t n, std::vector<double>& lp);
+
 // Windows of ctx tokens from a text's tokens (no BOS in `text_tokens`; it is prepended per window when
 // the model has one). Throws std::invalid_argument if ctx is out of range or the text is shorter than one window.
 std::vector<std::vector<int32_t>> make_windows(const Model& model, std::span<const int32_t> text_tokens, int32_t ctx,

@@ -108,14 +108,6 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   }
 
   const IsaKernels* K = &isa_kernels(isa);
-  // The AVX-512 kernels of the weight kinds added on 2026-12-02 (the super-block kinds, Q4_K's rewrite
-  // included, and Q5_0 / IQ4_NL) were written on a machine without AVX-512 and have never run: until a
-  // machine with AVX-512 has passed kernels_kquant_matmul_test and the batch-invariance test on them,
-  // AVX-512 CPUs run those kinds with the whole AVX2 kernel set (its rows, activation quantiser and bias
-  // constants belong together). -DKVPACK_AVX512_NEW_WEIGHT_KERNELS=ON turns them on for that check.
-#ifndef KVPACK_AVX512_NEW_WEIGHT_KERNELS
-  if (isa == Isa::Avx512 && kind >= detail::kQ4_K) K = &detail::kernels_avx2();
-#endif
   if (K->rows[kind] == nullptr) K = &detail::kernels_scalar();
 
   detail::RowsArgs base{};

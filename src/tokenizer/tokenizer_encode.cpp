@@ -2,6 +2,8 @@
 // characters, byte fallback) or BPE (pre-tokenizer, GPT-2 byte mapping, rank-ordered merges) on each
 // text fragment. Both merge with tokenizer_detail::merge_best_pairs (tokenizer_impl.h).
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <optional>
 
 #include "tokenizer/tokenizer_impl.h"
@@ -137,6 +139,38 @@ void Tokenizer::Impl::encode_bpe(std::string_view frag, std::vector<int32_t>& ou
   }
 }
 
+namespace {
+
+// A set of the text's 4-byte substrings, hashed into 2^16 bits: a special token of 4 bytes or more can
+// occur only if its last 4 bytes do. Vocabularies carry hundreds of special tokens (Qwen2: ~300
+// user-defined [PAD...] tokens, matched even without special parsing; Gemma: thousands of <unused...>),
+// so without it every encode searched the whole text once per token. A false positive costs one search,
+// so the result is exactly the unfiltered one.
+class GramFilter {
+ public:
+  explicit GramFilter(std::string_view t) {
+    for (size_t i = 0; i + 4 <= t.size(); ++i) {
+      const uint32_t h = hash(t.data() + i);
+      bits_[h >> 6] |= uint64_t{1} << (h & 63);
+    }
+  }
+  bool may_occur(std::string_view s) const {
+    if (s.size() < 4) return true;
+    const uint32_t h = hash(s.data() + s.size() - 4);
+    return (bits_[h >> 6] >> (h & 63)) & 1;
+  }
+
+ private:
+  static uint32_t hash(const char* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return (v * 2654435761u) >> 16;
+  }
+  std::array<uint64_t, 1024> bits_{};
+};
+
+}  // namespace
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   const Impl& m = *impl_;
   std::vector<int32_t> out;
@@ -149,10 +183,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     size_t off, len;
   };
   std::vector<Frag> frags{{-1, 0, text.size()}};
+  std::optional<GramFilter> grams;  // for long texts and many special tokens only (it is 8 KB to clear)
+  if (text.size() >= 64 && m.specials.size() >= 16) grams.emplace(text);
   for (int32_t id : m.specials) {
     const uint8_t ty = m.types[static_cast<size_t>(id)];
     if (!parse_special && ty != kTypeUserDefined) continue;
     const std::string& st = m.v.tokens[static_cast<size_t>(id)];
+    if (st.size() > text.size() || (grams && !grams->may_occur(st))) continue;
     // Most special tokens occur nowhere in a text (a Llama-3 vocabulary has 256, nearly all reserved):
     // look before building a new fragment list, so a text without them costs one search per token and
     // no allocation.
