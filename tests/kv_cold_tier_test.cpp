@@ -25,6 +25,7 @@
 #include "kv/cold_tier_file.h"
 #include "kv/cold_tier_host.h"
 #include "kv/cold_tier_index.h"
+#include <xxhash.h>
 #include "kv_cold_tier_util.h"
 
 namespace kvpack::kv {
@@ -492,6 +493,39 @@ TEST(ColdTierSpec, BadSpecsNameTheSpecAndTheProblem) {
     }
   }
   EXPECT_THROW(make_cold_tier("host:1M", 0), std::invalid_argument);
+}
+
+// Leaves what looks like a used XXH3 state with seed `seed` and a scrambled secret on the stack, below
+// the caller's frame, where the next call's own state will lie.
+[[gnu::noinline]] void scribble_stack(uint64_t seed, size_t shift) {
+  // A used state holds the seed and a null external secret 16 bytes apart (libxxhash 0.8's layout); a
+  // period of three words puts them there for one of the three shifts.
+  volatile uint64_t junk[1024];
+  for (size_t i = 0; i < 1024; ++i) junk[i] = (i + shift) % 3 == 0 ? seed : 0;
+}
+
+// Both checksums are XXH3-64 of key || data with the seed, whatever the stack held before (libxxhash's
+// reset_withSeed skips deriving the secret when the state already holds that seed: a state left
+// uninitialised gave wrong checksums, i.e. counted misses, after unrelated calls had used the stack).
+TEST(ColdTierChecksum, ChecksumsAreXxh3OfKeyAndDataWhateverTheStackHeld) {
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> data(5000), cat(8 + data.size()), dst(data.size());
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  const uint64_t key = 42;
+  std::memcpy(cat.data(), &key, 8);
+  std::memcpy(cat.data() + 8, data.data(), data.size());
+  for (uint64_t seed : {uint64_t{1}, uint64_t{99}, uint64_t{0x1234567890ull}}) {
+    for (size_t bytes : {size_t{100}, size_t{240}, size_t{4095}, size_t{5000}}) {
+      const uint64_t want = XXH3_64bits_withSeed(cat.data(), 8 + bytes, seed);
+      for (size_t shift = 0; shift < 3; ++shift) {
+        scribble_stack(seed, shift);
+        EXPECT_EQ(cold::record_checksum(key, {data.data(), bytes}, seed), want) << seed << " " << bytes << " " << shift;
+        scribble_stack(seed, shift);
+        EXPECT_EQ(cold::copy_with_checksum(key, data.data(), dst.data(), bytes, seed, shift == 1), want)
+            << seed << " " << bytes << " " << shift;
+      }
+    }
+  }
 }
 
 TEST(ColdTierChecksum, CopyWithChecksumIsACopyPlusTheRecordChecksumAtAnyAlignmentAndSize) {

@@ -11,6 +11,7 @@ namespace {
 
 uint64_t block_key(uint64_t parent, std::span<const int32_t> block) {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset(&st);
   XXH3_64bits_update(&st, &parent, sizeof parent);
   XXH3_64bits_update(&st, block.data(), block.size_bytes());

@@ -22,6 +22,7 @@ uint64_t model_kv_identity(const Model& model, const kv::PoolConfig& pool) {
   std::ifstream in(model.path(), std::ios::binary);
   if (!in) throw std::runtime_error("cannot read the model file '" + model.path() + "' to identify its KV for the shared tier");
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset(&st);
   std::vector<char> buf(4 << 20);
   while (in) {

@@ -22,6 +22,7 @@ namespace kvpack::kv::cold {
 
 uint64_t record_checksum(uint64_t key, std::span<const uint8_t> data, uint64_t seed) {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset_withSeed(&st, seed);
   XXH3_64bits_update(&st, &key, sizeof key);
   XXH3_64bits_update(&st, data.data(), data.size());
@@ -61,6 +62,7 @@ void stream_chunk(const uint8_t* src, uint8_t* dst, size_t n) {
 
 uint64_t copy_with_checksum(uint64_t key, const uint8_t* src, uint8_t* dst, size_t bytes, uint64_t seed, bool streaming) {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset_withSeed(&st, seed);
   XXH3_64bits_update(&st, &key, sizeof key);
   for (size_t off = 0; off < bytes; off += kChunkBytes) {

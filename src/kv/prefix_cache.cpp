@@ -28,6 +28,7 @@ void PrefixCache::clear() {
 
 uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> block, uint64_t salt) const {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset_withSeed(&st, model_salt_ ^ (salt * 0x9e3779b97f4a7c15ull));
   XXH3_64bits_update(&st, &parent, sizeof parent);
   XXH3_64bits_update(&st, block.data(), block.size_bytes());

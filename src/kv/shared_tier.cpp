@@ -18,6 +18,7 @@ SharedKeyChain::SharedKeyChain(uint64_t model_id, uint64_t salt)
 
 SharedKey SharedKeyChain::next(std::span<const int32_t> block_tokens) {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_128bits_reset_withSeed(&st, seed_);
   XXH3_128bits_update(&st, &parent_, sizeof parent_);
   XXH3_128bits_update(&st, block_tokens.data(), block_tokens.size_bytes());
@@ -42,6 +43,7 @@ constexpr size_t kChecksumAt = 40;
 
 uint64_t checksum(const uint8_t* header, std::span<const uint8_t> rest) {
   XXH3_state_t st;
+  XXH3_INITSTATE(&st);  // reset_withSeed reads the old seed: stack garbage equal to it skips the secret
   XXH3_64bits_reset(&st);
   XXH3_64bits_update(&st, header, kChecksumAt);
   XXH3_64bits_update(&st, rest.data(), rest.size());
