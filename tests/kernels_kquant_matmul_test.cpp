@@ -5,6 +5,8 @@
 // Batch and thread-count invariance of these kinds: kernels_matmul_batch_invariance_test.cpp.
 #include <gtest/gtest.h>
 
+#include "util/half.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -52,14 +54,15 @@ std::vector<float> make_acts(int64_t n, std::mt19937& rng) {
   return x;
 }
 
-// The activation quantisation of matmul.h: int8 blocks of `blk` elements, d = amax / 127, round to even.
+// The activation quantisation of matmul.h: int8 blocks of `blk` elements, d = amax / 127 (f16-rounded for
+// 32-element blocks, as ggml's block_q8_0 stores it), round to even with the exact 127 / amax.
 void quantize_acts(const float* x, int64_t n, int64_t blk, std::vector<int>& q, std::vector<float>& d) {
   q.resize(n);
   d.resize(n / blk);
   for (int64_t b = 0; b < n / blk; ++b) {
     float amax = 0;
     for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(x[b * blk + i]));
-    d[b] = amax / 127.0f;
+    d[b] = blk == 32 ? kvpack::fp16_to_f32(kvpack::f32_to_fp16(amax / 127.0f)) : amax / 127.0f;
     const float id = amax != 0 ? 127.0f / amax : 0.0f;
     for (int64_t i = 0; i < blk; ++i) q[b * blk + i] = static_cast<int>(std::nearbyint(x[b * blk + i] * id));
   }

@@ -102,7 +102,9 @@ void quantize_acts_ref(const float* x, int64_t n, std::vector<int>& q, std::vect
   for (int64_t b = 0; b < n / blk; ++b) {
     float amax = 0.0f;
     for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(x[b * blk + i]));
-    for (int64_t k = 0; k < blk / 32; ++k) d[b * blk / 32 + k] = amax / 127.0f;
+    // 32-element blocks: d at f16 precision, as ggml's block_q8_0 stores it; super-blocks keep f32 (Q8_K).
+    const float db = blk == 32 ? kvpack::fp16_to_f32(kvpack::f32_to_fp16(amax / 127.0f)) : amax / 127.0f;
+    for (int64_t k = 0; k < blk / 32; ++k) d[b * blk / 32 + k] = db;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int64_t i = 0; i < blk; ++i) q[b * blk + i] = static_cast<int>(std::nearbyint(x[b * blk + i] * id));
   }

@@ -11,10 +11,13 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
+#include "util/half.h"
 
 namespace kvpack::kernels {
 
 namespace detail {
+float act_block_scale(float amax) { return fp16_to_f32(f32_to_fp16(amax / 127.0f)); }
+
 ActLayout act_layout(int64_t n_in) {
   const size_t nb = static_cast<size_t>(n_in) / kQBlock;
   auto up = [](size_t v) { return (v + 63) / 64 * 64; };

@@ -326,7 +326,7 @@ void quant_act_avx2(const float* x, int64_t n_in, int bias_k, const ActLayout& L
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 127.0f;
+    const float d = act_block_scale(amax);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];

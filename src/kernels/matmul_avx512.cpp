@@ -470,7 +470,7 @@ void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout&
   for (int64_t b = 0; b < nb; ++b) {
     const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float d = amax / 127.0f;
+    const float d = act_block_scale(amax);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m512 vid = _mm512_set1_ps(id);
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));

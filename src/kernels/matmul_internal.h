@@ -39,7 +39,7 @@ constexpr int kQ4KBytes = 144;
 // Quantised activations for the integer-dot kernels (Q8_0, Q4_0 and Q4_K weights). Layout of one token
 // (nb = n_in / 32 blocks), same for every ISA so the quantisation is bit-identical across paths:
 //   int8_t  qs[nb][32]      q = round_nearest_even(x * id), id = 127 / amax (0 if amax == 0)
-//   float   d8[nb][8]       d = amax / 127, replicated 8x (a ready-made ymm/zmm scale operand)
+//   float   d8[nb][8]       d = act_block_scale(amax) (amax / 127 at f16 precision), replicated 8x (a ready-made ymm/zmm scale operand)
 //   int32_t bias8[nb][8]    lane 0 = -K * sum(qs of block), lanes 1..7 = 0. K is the offset the
 //                           ISA's unsigned x signed dot trick needs (see act_bias_k); 0 = unused.
 //   float   xsum[nb]        d * (float)sum(qs of block) (one f32 rounding; Q4_K's min term)
@@ -50,6 +50,10 @@ struct ActLayout {
 };
 // Defined in matmul.cpp (not inline here: see the ODR note above); the driver passes it to the kernels.
 ActLayout act_layout(int64_t n_in);
+// d of an activation block: amax / 127 rounded to f16 and back, as ggml stores block_q8_0's d, so the
+// products with Q8_0 / Q4_0 / Q5_0 / Q5_1 / IQ4_NL weights use llama.cpp's scale to the last bit
+// (docs/performance.md §1c); the integers are still rounded with the exact 127 / amax, as ggml does.
+float act_block_scale(float amax);
 
 // Quantised activations for the super-block kinds (ggml's Q8_K idea: one scale per 256 elements, so a
 // super-block's integer dot products add up in int32 and cost one convert + FMA per super-block). Layout of

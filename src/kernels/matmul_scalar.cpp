@@ -32,7 +32,7 @@ void quant_act_scalar(const float* x, int64_t n_in, int bias_k, const ActLayout&
       const float a = v[i] < 0 ? -v[i] : v[i];
       amax = a > amax ? a : amax;
     }
-    const float d = amax / 127.0f;
+    const float d = act_block_scale(amax);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (int i = 0; i < kQBlock; ++i) {
