@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -43,6 +44,11 @@ class ArchRef {
     theta_ = fl("rope.freq_base", 10000.0);
     rot_ = u("rope.dimension_count", HD_);
     gemma_ = arch_ == "gemma3";
+    neox_ = arch_ != "llama";
+    if (const gguf::TensorInfo* rf = arch_ == "llama" ? f_->tensor("rope_freqs.weight") : nullptr) {
+      const auto* d = static_cast<const float*>(rf->data);
+      factors_.assign(d, d + rf->shape[0]);
+    }
     if (gemma_) {
       window_ = u("attention.sliding_window", 0);  // phi3's is ignored, as llama.cpp does
       theta_swa_ = fl("rope.freq_base_swa", 10000.0);
@@ -163,7 +169,8 @@ class ArchRef {
     for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
     return y;
   }
-  // Optional per-head RMSNorm, then NeoX RoPE (pairs (i, i + rot/2); phi3 and gemma3 both) at pos_.
+  // Optional per-head RMSNorm, then RoPE at pos_: NeoX pairs (i, i + rot/2) for phi3 / gemma3 / qwen,
+  // adjacent pairs (2i, 2i + 1) for llama; Llama 3's rope_freqs divide the frequencies.
   void head(Vec& x, int64_t h, const std::string& nw, double theta) const {
     double* v = x.data() + h * HD_;
     if (!nw.empty()) {
@@ -175,10 +182,12 @@ class ArchRef {
     }
     const int64_t half = rot_ / 2;
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(pos_) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_));
-      const double c = std::cos(ang), s = std::sin(ang), x0 = v[i], x1 = v[i + half];
-      v[i] = x0 * c - x1 * s;
-      v[i + half] = x0 * s + x1 * c;
+      double ang = static_cast<double>(pos_) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_));
+      if (!factors_.empty()) ang /= factors_[static_cast<size_t>(i)];
+      const int64_t a = neox_ ? i : 2 * i, b = neox_ ? i + half : 2 * i + 1;
+      const double c = std::cos(ang), s = std::sin(ang), x0 = v[a], x1 = v[b];
+      v[a] = x0 * c - x1 * s;
+      v[b] = x0 * s + x1 * c;
     }
   }
 
@@ -186,7 +195,8 @@ class ArchRef {
   std::string arch_;
   int64_t E_ = 0, n_layer_ = 0, n_head_ = 0, n_kv_ = 0, HD_ = 0, F_ = 0, rot_ = 0, window_ = 0;
   double eps_ = 1e-5, theta_ = 10000, theta_swa_ = 10000, softcap_ = 0;
-  bool gemma_ = false;
+  bool gemma_ = false, neox_ = true;
+  std::vector<double> factors_;
   std::vector<std::vector<Vec>> K_, V_;  // [layer][pos][kv_dim]
   int64_t pos_ = 0;
 };
@@ -366,4 +376,68 @@ TEST(ArchGemma3, WindowPathKeyMassIsEachHeadsProbabilityInsideTheWindow) {
       else
         EXPECT_GT(outside, 0.0) << "layer " << l;
     }
+}
+
+TEST(ArchLlama, Llama3RopeFreqsAreReadAndMatchTheFloat64Reference) {
+  const gguf::RandomModelSpec s = gguf::RandomModelSpec::preset("tiny-llama3");
+  TmpModel file(s, "llama3");
+  auto f = gguf::File::open(file.path);
+  const gguf::TensorInfo* rf = f->tensor("rope_freqs.weight");
+  ASSERT_NE(rf, nullptr);
+  ASSERT_EQ(rf->shape[0], 16u);
+  auto m = Model::load(file.path);
+  const ModelConfig& c = m->config();
+  ASSERT_EQ(c.rope_freq_factors.size(), 16u);
+  // The llama3 scaling: the highest frequencies untouched, the lowest slowed by the full factor, a smooth
+  // band between (theta 5e5, head_dim 32: wavelengths from 6.3 to ~1.4e6 positions).
+  EXPECT_FLOAT_EQ(c.rope_freq_factors.front(), 1.0f);
+  EXPECT_FLOAT_EQ(c.rope_freq_factors.back(), 8.0f);
+  int between = 0;
+  for (float v : c.rope_freq_factors) between += v > 1.0f && v < 8.0f;
+  EXPECT_GE(between, 1);
+  EXPECT_FALSE(c.rope_neox);
+  // 200 positions: the stretched frequencies turn by tenths of a radian less than unscaled ones would.
+  compare(*m, file.path, 200, 64, 1e-4);
+  compare(*m, file.path, 60, 1, 1e-4);
+}
+
+TEST(ArchLlama, RopeFreqsMustBePositiveFinite) {
+  gguf::RandomModelSpec s = gguf::RandomModelSpec::preset("tiny-llama3");
+  gguf::Writer w;
+  gguf::build_random_model(s, w);
+  const std::string path = tmp_path("llama3_bad");
+  w.write(path);
+  {  // poison one factor in place
+    auto f = gguf::File::open(path);
+    const uint64_t off = f->data_offset() + f->tensor("rope_freqs.weight")->offset;
+    f.reset();
+    std::FILE* fp = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(fp, nullptr);
+    const float bad = -1.0f;
+    std::fseek(fp, static_cast<long>(off) + 4, SEEK_SET);
+    std::fwrite(&bad, sizeof bad, 1, fp);
+    std::fclose(fp);
+  }
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "a negative rope_freqs factor was accepted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_freqs"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(ArchLlama, MistralNemoStyleHeadDimApartFromEmbdOverHeads) {
+  const gguf::RandomModelSpec s = gguf::RandomModelSpec::preset("tiny-mistral");
+  TmpModel file(s, "mistral");
+  auto m = Model::load(file.path);
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(c.arch, "llama");
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_embd / c.n_head, 32);
+  EXPECT_EQ(c.q_dim(), 512);
+  EXPECT_EQ(c.group(), 4);
+  EXPECT_TRUE(c.rope_freq_factors.empty());
+  compare(*m, file.path, 48, 1, 1e-4);
+  compare(*m, file.path, 48, 17, 1e-4);
 }

@@ -297,6 +297,48 @@ TEST(ModelWriter, Qwen3_0_6bPreset) {
   EXPECT_EQ(w.n_tensors(), 2u + 28u * 11u);
 }
 
+TEST(ModelWriter, Llama32_1bAndGemma3_1bPresets) {
+  const RandomModelSpec l = RandomModelSpec::preset("llama-3.2-1b");
+  EXPECT_EQ(l.arch, "llama");
+  EXPECT_EQ(l.n_vocab, 128256u);
+  EXPECT_EQ(l.n_embd, 2048u);
+  EXPECT_EQ(l.n_layer, 16u);
+  EXPECT_EQ(l.n_head, 32u);
+  EXPECT_EQ(l.n_head_kv, 8u);
+  EXPECT_EQ(l.head_dim, 64u);
+  EXPECT_EQ(l.n_ff, 8192u);
+  EXPECT_EQ(l.rope_theta, 500000.0f);
+  EXPECT_EQ(l.llama3_rope_factor, 32.0f);
+  EXPECT_TRUE(l.tied_embeddings);
+  Writer wl;
+  build_random_model(l, wl);
+  EXPECT_EQ(wl.n_tensors(), 3u + 16u * 9u);  // token_embd, output_norm, rope_freqs + 9 per layer
+  // theta 5e5, head_dim 64, factor 32: wavelengths 2 pi 5e5^(i/32) below 8192/4 (i <= 14) are kept, above
+  // 8192 (i >= 18) slowed 32x, the three between interpolated: i = 16, wavelength 4442.9, smooth
+  // (8192/4442.9 - 1)/3 = 0.28127, divisor 1/((1 - 0.28127)/32 + 0.28127) = 3.2923.
+  const std::vector<float> f = llama3_rope_factors(500000.0f, 64, 32.0f);
+  ASSERT_EQ(f.size(), 32u);
+  int kept = 0, full = 0;
+  for (float v : f) {
+    kept += v == 1.0f;
+    full += v == 32.0f;
+  }
+  EXPECT_EQ(kept, 15);
+  EXPECT_EQ(full, 14);
+  EXPECT_NEAR(f[16], 3.2923, 1e-3);
+  for (size_t i = 1; i < f.size(); ++i) EXPECT_GE(f[i], f[i - 1]) << i;
+
+  const RandomModelSpec g = RandomModelSpec::preset("gemma3-1b");
+  EXPECT_EQ(g.arch, "gemma3");
+  EXPECT_EQ(g.n_layer, 26u);
+  EXPECT_EQ(g.n_head_kv, 1u);
+  EXPECT_EQ(g.head_dim, 256u);
+  EXPECT_EQ(g.sliding_window, 512u);
+  Writer wg;
+  build_random_model(g, wg);
+  EXPECT_EQ(wg.n_tensors(), 2u + 26u * 13u);
+}
+
 TEST(ModelWriter, RejectsBadSpecs) {
   EXPECT_THROW(RandomModelSpec::preset("gpt-5"), Error);
   auto s = RandomModelSpec::preset("tiny-llama");
@@ -307,7 +349,16 @@ TEST(ModelWriter, RejectsBadSpecs) {
     EXPECT_THROW(x.validate(), Error);
   };
   bad([](RandomModelSpec& x) { x.arch = "gpt2"; });
-  bad([](RandomModelSpec& x) { x.head_dim = 32; });  // llama: must be n_embd / n_head
+  bad([](RandomModelSpec& x) {  // qwen2 / phi3: must be n_embd / n_head (llama may differ: Mistral Nemo)
+    x.arch = "qwen2";
+    x.head_dim = 32;
+  });
+  bad([](RandomModelSpec& x) { x.head_dim = 15; });  // odd: RoPE rotates pairs
+  bad([](RandomModelSpec& x) {  // llama3 RoPE factors are a llama feature
+    x.arch = "qwen3";
+    x.llama3_rope_factor = 8;
+  });
+  bad([](RandomModelSpec& x) { x.llama3_rope_factor = 0.5f; });
   bad([](RandomModelSpec& x) { x.n_head_kv = 3; });
   bad([](RandomModelSpec& x) { x.n_vocab = 260; });
   bad([](RandomModelSpec& x) { x.n_layer = 0; });

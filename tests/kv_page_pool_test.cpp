@@ -329,3 +329,36 @@ TEST(PagePool, Q8_0NeedsWholeBlocksPerRow) {
   c.kv_type = DType::Q4_0;
   EXPECT_THROW(PagePool{c}, std::invalid_argument);
 }
+
+TEST(SequenceKvWindow, DropPagesBeforeReleasesWholeOutOfWindowPagesOnly) {
+  PagePool pool(small_pool(64, 4));
+  SequenceKv a(pool, 1, 2);
+  ASSERT_TRUE(a.append(14, 0));  // 4 pages per stream: positions 0..13
+  for (int32_t st = 0; st < 2; ++st)
+    for (int32_t i = 0; i < 14; ++i) stamp(a, st, i, i);
+  const PageId p2 = a.block_page(0, 2);
+  SequenceKv b(pool, 1, 2);
+  b.share_from(a);  // page 0 of each stream is shared now
+  EXPECT_EQ(a.drop_pages_before(0, 3), 0) << "page 0 still holds position 3";
+  EXPECT_EQ(a.drop_pages_before(0, 9), 2) << "pages 0 and 1 (positions 0..7) are out";
+  EXPECT_EQ(a.n_slots(0), 6);
+  EXPECT_EQ(a.dropped_pages(0), 2);
+  EXPECT_EQ(a.block_page(0, 0), kNoPage);
+  EXPECT_EQ(a.block_page(0, 1), kNoPage);
+  EXPECT_EQ(a.block_page(0, 2), p2);
+  for (int32_t i = 0; i < 6; ++i) EXPECT_TRUE(stamped(a, 0, i, 8 + i)) << i;
+  EXPECT_EQ(a.n_slots(1), 14) << "other streams untouched";
+  EXPECT_EQ(a.drop_pages_before(0, 100), 1) << "the partly filled last page stays";
+  EXPECT_EQ(a.n_slots(0), 2);
+  ASSERT_TRUE(a.append(3, 14));
+  EXPECT_TRUE(a.position(0, 4) == 16 && a.position(1, 16) == 16);
+  EXPECT_EQ(check_all(pool, {&a, &b}), "");
+  for (int32_t i = 0; i < 14; ++i) EXPECT_TRUE(stamped(b, 0, i, i)) << "the sharer keeps its pages: " << i;
+  SequenceKv c(pool, 1, 2);
+  c.share_from(a);
+  EXPECT_EQ(c.dropped_pages(0), 3);
+  EXPECT_EQ(c.block_page(0, 3), a.block_page(0, 3));
+  a.clear();
+  EXPECT_EQ(a.dropped_pages(0), 0);
+  EXPECT_EQ(check_all(pool, {&b, &c}), "");
+}

@@ -124,7 +124,7 @@ void add_gen_model(CLI::App& app) {
   auto preset = std::make_shared<std::string>();
   auto type = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  cmd->add_option("--preset", *preset, "Start from a preset: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3");
+  cmd->add_option("--preset", *preset, "Start from a preset: qwen3-0.6b, llama-3.2-1b, gemma3-1b, tiny-llama, tiny-llama3, tiny-mistral, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3");
   cmd->add_option("--arch", s->arch, "Architecture: llama, qwen2, qwen3, phi3, gemma3")
       ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3", "gemma3"}));
   cmd->add_option("--sliding-window", s->sliding_window, "phi3 / gemma3: attention.sliding_window (0: none)");

@@ -39,6 +39,10 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
                  "With --kv-cold and compression: keep the tokens compression evicts in the cold tier, with a key digest per "
                  "page in RAM (what recall reads), instead of discarding them")
       ->default_val(true);
+  cmd.add_option("--kv-window-free", o.window_free,
+                 "Sliding-window models (gemma3): return the pages of local layers to the pool as they fall out of the "
+                 "window (false keeps them: a baseline to measure against; outputs are identical)")
+      ->default_val(true);
   cmd.add_option("-b,--batch", o.batch, "Tokens per forward call (prefill chunk)")->check(CLI::Range(1, 65536));
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
 }
@@ -148,6 +152,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.kv_pages = o.kv_pages;
   e.kv_cold = o.kv_cold;
   e.kv_cold_evicted = o.kv_cold_evicted;
+  e.window_free = o.window_free;
   e.kv_shared = o.kv_shared;
   e.max_batch_tokens = o.batch;
   return e;
@@ -176,11 +181,11 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine, const c
   std::fprintf(stderr,
                "[kvpack] stats: prompt_tokens=%d generated=%zu stop=%s prefill_tok_s=%.1f decode_tok_s=%.1f "
                "kv_type=%s kv_pages_in_use=%lld kv_page_bytes=%zu resident_kv_bytes=%zu peak_resident_kv_bytes=%zu "
-               "pool_reserved_bytes=%zu\n",
+               "pool_reserved_bytes=%zu window_pages_freed=%lld\n",
                r.prompt_tokens, r.tokens.size(), finish_reason_name(r.finish), pre, dec,
                kernels::kv_type_name(engine.kv().pool().config().kv_type), static_cast<long long>(r.kv_pages_in_use),
                engine.kv().pool().page_bytes(), r.resident_kv_bytes, r.peak_resident_kv_bytes,
-               r.pool_reserved_bytes);
+               r.pool_reserved_bytes, static_cast<long long>(r.window_pages_freed));
   if (kv.enabled()) {
     const auto& c = r.compression;
     const int64_t streams = static_cast<int64_t>(engine.model().config().n_layer) * engine.model().config().n_head_kv;

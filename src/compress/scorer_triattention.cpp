@@ -20,7 +20,8 @@ void tri_offset_table(const ModelConfig& c, int64_t t, std::vector<float>& C, st
   S.assign(static_cast<size_t>(F), 0.0f);
   constexpr int kOffsets = 17;  // 1, 2, 4, ..., 65536
   for (int32_t f = 0; f < F; ++f) {
-    const double omega = std::pow(static_cast<double>(c.rope_theta), -2.0 * f / c.rope_dims) * c.rope_freq_scale;
+    const double omega = std::pow(static_cast<double>(c.rope_theta), -2.0 * f / c.rope_dims) * c.rope_freq_scale /
+                         (c.rope_freq_factors.empty() ? 1.0 : static_cast<double>(c.rope_freq_factors[static_cast<size_t>(f)]));
     double cs = 0, sn = 0;
     for (int i = 0; i < kOffsets; ++i) {
       const double ang = omega * static_cast<double>(t + (int64_t{1} << i));

@@ -127,7 +127,8 @@ class TriSpanScorer final : public Scorer {
       for (int32_t j = 0; j < n; ++j) neg[static_cast<size_t>(j)] = -kv.position(s0, j);
       groups_[g].cs.resize(static_cast<size_t>(n) * static_cast<size_t>(mc_.rope_dims));
       if (mc_.rope_dims > 0 && n > 0)
-        kernels::rope_table(neg.data(), n, mc_.rope_dims, mc_.rope_theta, 1.0f / mc_.rope_freq_scale, groups_[g].cs.data());
+        kernels::rope_table(neg.data(), n, mc_.rope_dims, mc_.rope_theta, 1.0f / mc_.rope_freq_scale, groups_[g].cs.data(),
+                            mc_.rope_factors());
     }
   }
 

@@ -62,6 +62,7 @@ GenerateResult Engine::generate(const Request& req, const std::function<bool(std
     res.kv_pages_in_use = st.kv_pages_in_use;
     res.resident_kv_bytes = static_cast<size_t>(st.kv_pages_in_use) * kv_.pool().page_bytes();
     res.peak_resident_kv_bytes = static_cast<size_t>(st.peak_kv_pages) * kv_.pool().page_bytes();
+    res.window_pages_freed = st.window_pages_freed;
     res.compression = st.compression;
     res.evicted = st.evicted;
   });

@@ -37,6 +37,9 @@ struct EngineOptions {
   bool kv_cold_evicted = true;
   // Shared KV tier for prefix blocks (kv/shared_tier.h): "" = none, or redis://HOST:PORT[?options].
   std::string kv_shared;
+  // Sliding-window models (gemma3): local layers release pages as they fall out of the window
+  // (Scheduler::release_out_of_window). false keeps them (a measurement baseline; outputs are the same).
+  bool window_free = true;
 };
 
 // What generate() returns: the tokens and text, how it ended, and the request's figures.
@@ -50,6 +53,7 @@ struct GenerateResult {
   int64_t kv_pages_in_use = 0;       // pages held by the sequence at the end
   size_t resident_kv_bytes = 0;      // those pages' bytes
   size_t peak_resident_kv_bytes = 0;
+  int64_t window_pages_freed = 0;    // sliding-window layers: pages returned as they left the window
   size_t pool_reserved_bytes = 0;    // memory the pool actually obtained from the system
   compress::CompressionStats compression;
   kv::EvictedStats evicted;          // evicted slots kept in the cold tier (with --kv-cold)

@@ -66,6 +66,8 @@ struct RequestStats {
   // n > 1: full prompt pages this choice took by reference from choice 0 when it forked (0 for choice 0);
   // summed over the choices: the pages sharing saved (Request::n).
   int64_t fork_shared_pages = 0;
+  // Pages of sliding-window layers released as they fell out of the window (uncompressed requests).
+  int64_t window_pages_freed = 0;
   compress::CompressionStats compression;
   kv::EvictedStats evicted;      // evicted slots kept in the cold tier (kv_cold_evicted)
 };

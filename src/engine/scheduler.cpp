@@ -138,13 +138,41 @@ void Scheduler::intake() {
   drop_cancelled(waiting_);
 }
 
-int64_t Scheduler::projected_pages(const Sequence& s) const {
-  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated,
-                                             engine_->model().config().n_ctx);
+int64_t Scheduler::projected_pages(const Sequence& s, bool windowed) const {
+  const ModelConfig& c = engine_->model().config();
+  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated, c.n_ctx);
   // A compressed sequence holds what its schedule allows (budget + interval, more when protected slots
   // keep it above the budget); a full one its whole length.
   const int64_t slots = s.comp ? s.comp->schedule().projected_slots(full_len, s.n_prompt, s.stats.cached_tokens) : full_len;
-  return kv_->pages_for_slots(slots, s.comp != nullptr);
+  const int64_t all = kv_->pages_for_slots(slots, s.comp != nullptr);
+  if (!windowed || s.comp || c.swa_window <= 0 || !engine_->options().window_free) return all;
+  // A local layer of an uncompressed sequence holds the window plus the step that is being computed
+  // (release_out_of_window runs after each step), rounded out to pages on both ends.
+  const int64_t ps = kv_->page_size();
+  const int64_t per_stream = (slots + ps - 1) / ps;
+  const int64_t local = std::min(per_stream, (c.swa_window - 1 + opt_.step_tokens + ps - 1) / ps + 1);
+  int64_t local_layers = 0;
+  for (int32_t l = 0; l < c.n_layer; ++l) local_layers += c.is_swa(l) ? 1 : 0;
+  return all - local_layers * c.n_head_kv * (per_stream - local);
+}
+
+void Scheduler::release_out_of_window(Sequence& s) {
+  const ModelConfig& c = engine_->model().config();
+  if (c.swa_window <= 0 || s.comp || !s.kv || !engine_->options().window_free) return;
+  // The next query is at next_pos or later and sees positions > p - window: anything below
+  // next_pos - window + 1 is never read again. (Compressed sequences keep their pages: their policies
+  // index slots, and compression already bounds them.)
+  const int32_t min_pos = s.kv->next_pos() - c.swa_window + 1;
+  if (min_pos <= 0) return;
+  int64_t freed = 0;
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    if (!c.is_swa(l)) continue;
+    for (int32_t h = 0; h < c.n_head_kv; ++h) freed += s.kv->drop_pages_before(s.kv->stream_index(l, h), min_pos);
+  }
+  if (freed == 0) return;
+  s.stats.window_pages_freed += freed;
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.window_pages_freed += freed;
 }
 
 int64_t Scheduler::reserved_pages(const Sequence& s) const {
@@ -182,7 +210,7 @@ void Scheduler::admit() {
     }
     if (!ok) break;  // FCFS: do not let later requests overtake
     // Page tables sized for the projected length up front, so decode steps do not reallocate them.
-    const int32_t reserve = static_cast<int32_t>(need / kv_->n_streams() * kv_->page_size());
+    const int32_t reserve = static_cast<int32_t>(projected_pages(s, false) / kv_->n_streams() * kv_->page_size());
     if (s.swapped) {  // back from the cold tier, bit-identical; a lost record means recompute
       if (!kv_->can_allocate(kv_->swap_in_pages(*s.swapped))) break;
       const double t0 = now_s();
@@ -505,6 +533,7 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
         if (s.comp) s.comp->set_protected_prefix(full * kv_->page_size());
       }
     }
+    release_out_of_window(s);  // after registration: released pages stay findable as cached-free blocks
     if (s.comp) {
       try {
         s.comp->after_step(*s.kv, item.compress);
@@ -577,7 +606,7 @@ void Scheduler::sample_next(Sequence& s, float* lg) {
 void Scheduler::fork(Sequence& s, const float* lg) {
   s.fork_pending = false;
   const size_t V = static_cast<size_t>(engine_->model().config().n_vocab);
-  const int32_t reserve = static_cast<int32_t>(projected_pages(s) / kv_->n_streams() * kv_->page_size());
+  const int32_t reserve = static_cast<int32_t>(projected_pages(s, false) / kv_->n_streams() * kv_->page_size());
   std::vector<float> row(V);
   int64_t saved = 0;
   for (int32_t i = 1; i < s.req.n; ++i) {

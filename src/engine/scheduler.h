@@ -88,6 +88,8 @@ struct SchedulerMetrics {
   // n > 1: choices forked from a prefilled prompt, and the full pages they took by reference instead of
   // allocating (kvpack:kv_fork_pages_saved_total).
   int64_t forks = 0, fork_pages_saved = 0;
+  // Sliding-window layers: pages released as they fell out of the window (kvpack_kv_window_pages_freed_total).
+  int64_t window_pages_freed = 0;
   Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram itl{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   Histogram swap_out{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};  // seconds per swap
@@ -172,7 +174,11 @@ class Scheduler {
   void preempt(Sequence* s);
   void finish(Sequence* s, FinishReason reason, const std::string& error = {});
   void remove_running(Sequence* s);
-  int64_t projected_pages(const Sequence& s) const;
+  // Pages `s` will hold at most. windowed = false: as if sliding-window layers kept every page (the
+  // length page tables are sized for, so the decode path never grows them).
+  int64_t projected_pages(const Sequence& s, bool windowed = true) const;
+  // Sliding-window models: releases the pages of `s`'s local layers that no later query can see.
+  void release_out_of_window(Sequence& s);
   void emit_token(Sequence& s, int32_t token);
   // After `s`'s logits row `lg` is known at the end of its prefill: creates choices 1..n-1 (see submit),
   // each sampling from its own copy of the row, before `s` samples (the sampler rewrites lg).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <vector>
 
 #include "util/half.h"
@@ -271,10 +272,70 @@ RandomModelSpec RandomModelSpec::preset(std::string_view name) {
     s.rms_eps = 1e-6f;
     s.sliding_window = 16;
     s.tied_embeddings = true;
+  } else if (name == "llama-3.2-1b") {
+    s.arch = "llama";
+    s.n_vocab = 128256;
+    s.n_embd = 2048;
+    s.n_layer = 16;
+    s.n_head = 32;
+    s.n_head_kv = 8;
+    s.head_dim = 64;
+    s.n_ff = 8192;
+    s.n_ctx = 131072;
+    s.rope_theta = 500000.0f;
+    s.rms_eps = 1e-5f;
+    s.llama3_rope_factor = 32.0f;
+    s.tied_embeddings = true;
+    s.weight_type = DType::F16;
+  } else if (name == "gemma3-1b") {
+    // Gemma 3 1B's shape: 26 layers (22 local with a 512-token window, 4 global), 4 query heads on one KV
+    // head of 256 dims.
+    s.arch = "gemma3";
+    s.n_vocab = 262144;
+    s.n_embd = 1152;
+    s.n_layer = 26;
+    s.n_head = 4;
+    s.n_head_kv = 1;
+    s.head_dim = 256;
+    s.n_ff = 6912;
+    s.n_ctx = 32768;
+    s.rope_theta = 1e6f;
+    s.rope_theta_swa = 10000.0f;
+    s.rms_eps = 1e-6f;
+    s.sliding_window = 512;
+    s.tied_embeddings = true;
+    s.weight_type = DType::F16;
   } else if (name == "tiny-llama") {
     s.arch = "llama";  // defaults: vocab 512, embd 64, 2 layers, 4/2 heads, head_dim 16, ffn 128
+  } else if (name == "tiny-llama3") {
+    // Llama 3.1+ at a small size: rope_freqs.weight (llama3 scaling, factor 8) on a large RoPE base, so the
+    // low frequencies that the factors stretch are the ones a few thousand positions exercise.
+    s.arch = "llama";
+    s.n_embd = 256;
+    s.n_layer = 3;
+    s.n_head = 8;
+    s.n_head_kv = 2;
+    s.head_dim = 32;
+    s.n_ff = 512;
+    s.n_ctx = 16384;
+    s.rope_theta = 500000.0f;
+    s.llama3_rope_factor = 8.0f;
+    s.tied_embeddings = true;
+  } else if (name == "tiny-mistral") {
+    // Mistral-Nemo's layout at a small size: llama architecture, head_dim (key_length) 64 while
+    // n_embd / n_head = 32, 8 query heads on 2 KV heads, RoPE base 1e6.
+    s.arch = "llama";
+    s.n_embd = 256;
+    s.n_layer = 3;
+    s.n_head = 8;
+    s.n_head_kv = 2;
+    s.head_dim = 64;
+    s.n_ff = 512;
+    s.n_ctx = 8192;
+    s.rope_theta = 1e6f;
   } else {
-    bad_spec("unknown preset '" + std::string(name) + "' (known: qwen3-0.6b, tiny-llama, tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3)");
+    bad_spec("unknown preset '" + std::string(name) + "' (known: qwen3-0.6b, llama-3.2-1b, gemma3-1b, tiny-llama, tiny-llama3, tiny-mistral, "
+             "tiny-qwen2, tiny-qwen3, tiny-phi3, tiny-gemma3)");
   }
   return s;
 }
@@ -286,8 +347,11 @@ void RandomModelSpec::validate() const {
   if (!n_vocab || !n_embd || !n_layer || !n_head || !n_head_kv || !head_dim || !n_ff || !n_ctx)
     bad_spec("all sizes must be positive");
   if (n_head % n_head_kv != 0) bad_spec("n_head must be a multiple of n_head_kv");
-  if (arch != "qwen3" && arch != "gemma3" && (n_embd % n_head != 0 || head_dim != n_embd / n_head))
+  // llama files may set key_length apart from n_embd / n_head (Mistral Nemo: 128 vs 160); qwen2 / phi3 may not.
+  if (arch != "qwen3" && arch != "gemma3" && arch != "llama" && (n_embd % n_head != 0 || head_dim != n_embd / n_head))
     bad_spec(arch + " needs head_dim == n_embd / n_head");
+  if (llama3_rope_factor != 0 && (arch != "llama" || !(llama3_rope_factor >= 1)))
+    bad_spec("llama3_rope_factor needs the llama architecture and a factor >= 1");
   if (head_dim % 2 != 0) bad_spec("head_dim must be even (RoPE rotates pairs)");
   if (n_vocab < min_vocab(arch)) bad_spec("n_vocab must be at least " + std::to_string(min_vocab(arch)));
   if (!(rope_theta > 0) || !(rms_eps > 0)) bad_spec("rope_theta and rms_eps must be positive");
@@ -396,6 +460,32 @@ void build_random_model(const RandomModelSpec& s, Writer& w) {
   }
   norm("output_norm.weight", E);
   if (!s.tied_embeddings) weight("output.weight", E, V, ot);
+  if (s.llama3_rope_factor > 0) {
+    const std::vector<float> f = llama3_rope_factors(s.rope_theta, s.head_dim, s.llama3_rope_factor);
+    w.add_tensor("rope_freqs.weight", {f.size()}, DType::F32, f.data(), f.size() * sizeof(float));
+  }
+}
+
+std::vector<float> llama3_rope_factors(float theta, uint32_t rot_dims, float factor) {
+  // Meta's llama3 scaling: wavelengths shorter than original_context / high_freq_factor keep their
+  // frequency, longer than original_context / low_freq_factor are slowed by `factor`, and the band
+  // between is interpolated smoothly in 1 / frequency.
+  constexpr double kOriginalContext = 8192, kLowFreqFactor = 1, kHighFreqFactor = 4;
+  const double low_wavelen = kOriginalContext / kLowFreqFactor, high_wavelen = kOriginalContext / kHighFreqFactor;
+  std::vector<float> out;
+  for (uint32_t i = 0; i < rot_dims / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(theta), -2.0 * i / rot_dims);
+    const double wavelen = 2 * std::numbers::pi / freq;
+    double d = 1;
+    if (wavelen > low_wavelen) {
+      d = factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (kOriginalContext / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
+      d = 1 / ((1 - smooth) / factor + smooth);
+    }
+    out.push_back(static_cast<float>(d));
+  }
+  return out;
 }
 
 void write_random_model(const RandomModelSpec& spec, const std::string& path) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gguf/gguf.h"
 #include "util/dtype.h"
@@ -33,6 +34,9 @@ struct RandomModelSpec {
   uint32_t sliding_window = 0;   // phi3 / gemma3: <arch>.attention.sliding_window (0: key not written)
   float rope_theta_swa = 10000.0f;  // gemma3 with a window: rope.freq_base_swa (local layers)
   float final_logit_softcapping = 0.0f;  // gemma3: written when > 0
+  // llama: > 0 writes rope_freqs.weight with Llama 3.1's "llama3" scaling of this factor (low / high
+  // frequency factors 1 / 4, original context 8192), as convert_hf_to_gguf does for Llama 3.1+ models.
+  float llama3_rope_factor = 0.0f;
   bool tied_embeddings = false;  // true: no output.weight, the output reuses token_embd.weight
   // 2-D weights: F32, F16, BF16, Q8_0, the K-quants Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL or IQ4_XS; norms and
   // biases stay F32. For the quantised types other than Q8_0, token_embd / output stay Q8_0 (so a file
@@ -46,8 +50,10 @@ struct RandomModelSpec {
   std::string mix;
   uint64_t seed = 0;
 
-  // "qwen3-0.6b" (Qwen3-0.6B shape, F16), and tiny test models "tiny-llama", "tiny-qwen2",
-  // "tiny-qwen3", "tiny-phi3", "tiny-gemma3". Throws Error for unknown names.
+  // "qwen3-0.6b" (Qwen3-0.6B shape, F16), "llama-3.2-1b" (Llama-3.2-1B shape with its llama3 RoPE factors,
+  // F16), "gemma3-1b" (Gemma 3 1B shape, window 512, F16), and tiny test models "tiny-llama", "tiny-llama3" (rope_freqs), "tiny-mistral" (Mistral-Nemo style:
+  // head_dim != n_embd / n_head, GQA 4:1), "tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-gemma3". Throws
+  // Error for unknown names.
   static RandomModelSpec preset(std::string_view name);
 
   // Throws Error describing the first inconsistency (unknown arch, head_dim mismatch, dims that are
@@ -58,6 +64,8 @@ struct RandomModelSpec {
 // Adds the model's metadata, vocabulary and (streamed) tensors to `w`. The tensors are generated
 // when `w` is serialised, one chunk at a time.
 void build_random_model(const RandomModelSpec& spec, Writer& w);
+// rope_freqs.weight of the llama3 RoPE scaling: rot_dims / 2 divisors of theta^(-2i / rot_dims).
+std::vector<float> llama3_rope_factors(float theta, uint32_t rot_dims, float factor);
 
 // build_random_model + Writer::write: peak memory is the vocabulary plus one chunk of one tensor.
 void write_random_model(const RandomModelSpec& spec, const std::string& path);

@@ -11,11 +11,13 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
 }
 
-void rope_table(const int32_t* pos, int32_t n_pos, int32_t rot_dims, float theta_base, float freq_scale, float* cs) {
+void rope_table(const int32_t* pos, int32_t n_pos, int32_t rot_dims, float theta_base, float freq_scale, float* cs,
+                const float* freq_factors) {
   const int32_t half = rot_dims / 2;
   for (int32_t p = 0; p < n_pos; ++p) {
     for (int32_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(theta_base), -2.0 * i / rot_dims);
+      const double freq = std::pow(static_cast<double>(theta_base), -2.0 * i / rot_dims) /
+                          (freq_factors ? static_cast<double>(freq_factors[i]) : 1.0);
       const double angle = static_cast<double>(pos[p]) / freq_scale * freq;
       cs[(static_cast<int64_t>(p) * half + i) * 2] = static_cast<float>(std::cos(angle));
       cs[(static_cast<int64_t>(p) * half + i) * 2 + 1] = static_cast<float>(std::sin(angle));

@@ -11,7 +11,10 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out);
 
 // RoPE rotation tables for `n_pos` positions: cs[p][i] = (cos, sin) of pos[p] * theta_base^(-2i/rot_dims)
 // for i < rot_dims/2, interleaved as cos,sin pairs. freq_scale divides positions (linear scaling).
-void rope_table(const int32_t* pos, int32_t n_pos, int32_t rot_dims, float theta_base, float freq_scale, float* cs);
+// freq_factors (rot_dims/2 values, or nullptr) divide each frequency: Llama 3's rope_freqs.weight, the
+// "llama3" scaling that llama.cpp passes to ggml_rope_ext as its freq_factors.
+void rope_table(const int32_t* pos, int32_t n_pos, int32_t rot_dims, float theta_base, float freq_scale, float* cs,
+                const float* freq_factors = nullptr);
 
 // Rotates one head vector in place with one row of rope_table. neox=false: pairs (2i, 2i+1) (llama.cpp
 // "normal", llama2.c); neox=true: pairs (i, i + rot_dims/2) (NeoX / Qwen / HF layout).

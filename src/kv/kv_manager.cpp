@@ -51,10 +51,12 @@ bool KvManager::swap_out(const SequenceKv& kv, uint64_t uid, SwappedKv& out) {
   sw.uid = uid;
   sw.next_pos = kv.next_pos();
   sw.n_slots.resize(static_cast<size_t>(kv.n_streams()));
+  sw.dropped_pages.resize(static_cast<size_t>(kv.n_streams()));
   sw.pages.resize(static_cast<size_t>(kv.n_streams()));
   io_src_.clear();
   for (int32_t s = 0; s < kv.n_streams(); ++s) {
     sw.n_slots[static_cast<size_t>(s)] = kv.n_slots(s);
+    sw.dropped_pages[static_cast<size_t>(s)] = kv.dropped_pages(s);
     auto table = kv.page_table(s);
     auto& pages = sw.pages[static_cast<size_t>(s)];
     pages.assign(table.size(), kNoPage);
@@ -97,7 +99,7 @@ std::unique_ptr<SequenceKv> KvManager::swap_in(SwappedKv& sw, int32_t reserve_sl
   auto kv = new_sequence(reserve_slots);
   bool ok = cold_ != nullptr;
   for (size_t s = 0; s < sw.pages.size(); ++s)  // kept references move into the sequence, fresh pages join
-    ok &= kv->restore_stream(static_cast<int32_t>(s), sw.pages[s], sw.n_slots[s]);
+    ok &= kv->restore_stream(static_cast<int32_t>(s), sw.pages[s], sw.n_slots[s], sw.dropped_pages[s]);
   if (ok) {
     io_dst_.clear();
     for (size_t s = 0; s < sw.pages.size(); ++s) {

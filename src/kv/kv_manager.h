@@ -36,6 +36,7 @@ struct SwappedKv {
   uint64_t uid = 0;
   int32_t next_pos = 0;
   std::vector<int32_t> n_slots;             // per stream
+  std::vector<int32_t> dropped_pages;       // per stream: pages a sliding window released from its front
   std::vector<std::vector<PageId>> pages;   // per stream, per page: a kept shared page, or kNoPage (in the tier)
   std::vector<uint64_t> keys;               // tier records, in stream / page order
   int64_t pages_total() const;

@@ -142,18 +142,25 @@ void PrefixCache::register_blocks(const SequenceKv& kv, std::span<const int32_t>
   if (shared_ != nullptr) chain.emplace(model_id_, salt);
   for (int32_t b = 0; b < n_blocks; ++b) {
     if (static_cast<size_t>(b + 1) * ps > tokens.size()) break;
-    bool held = true;
-    for (int32_t s = 0; s < n_streams_; ++s) held &= kv.n_slots(s) >= (b + 1) * ps;
-    if (!held) break;
+    bool reached = true;
+    for (int32_t s = 0; s < n_streams_; ++s) reached &= kv.dropped_pages(s) * ps + kv.n_slots(s) >= (b + 1) * ps;
+    if (!reached) break;
     const std::span<const int32_t> block = tokens.subspan(static_cast<size_t>(b) * ps, static_cast<size_t>(ps));
     key = block_key(key, block, salt);
     const SharedKey skey = chain ? chain->next(block) : SharedKey{};
     if (map_.count(key)) continue;  // already cached (this sequence attached it, or another computed it)
+    // A sliding window releases pages from the front once no query can see them (registered first,
+    // in the step that filled them); a block whose page is gone cannot be registered, nor can later ones.
+    bool held = true;
+    for (int32_t s = 0; s < n_streams_; ++s) held &= kv.block_page(s, b) != kNoPage;
+    if (!held) break;
     std::vector<PageId> pages(static_cast<size_t>(n_streams_));
     bool fresh = true;
     for (int32_t s = 0; s < n_streams_; ++s) {
       pages[static_cast<size_t>(s)] = kv.block_page(s, b);
-      fresh &= !pool_->is_cached(pages[static_cast<size_t>(s)]);
+      // The page must hold exactly this block's positions (a guard on the page-table offset).
+      const int32_t* pos = pool_->positions(pages[static_cast<size_t>(s)]);
+      fresh &= !pool_->is_cached(pages[static_cast<size_t>(s)]) && pos[0] == b * ps && pos[ps - 1] == b * ps + ps - 1;
     }
     if (!fresh) continue;  // a page of another block (cannot happen for an uncompacted prompt; be safe)
     for (PageId p : pages) {

@@ -19,6 +19,7 @@ void SequenceKv::clear() {
     s.pages.clear();
     s.page_ptrs.clear();
     s.n_slots = 0;
+    s.dropped_pages = 0;
   }
   next_pos_ = 0;
 }
@@ -298,13 +299,14 @@ int64_t SequenceKv::share_from(const SequenceKv& parent) {
       s.page_ptrs.push_back(pool_->data(p));
     }
     s.n_slots = from.n_slots;
+    s.dropped_pages = from.dropped_pages;
     full += from.n_slots / ps;
   }
   next_pos_ = parent.next_pos_;
   return full;
 }
 
-bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots) {
+bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots, int32_t dropped_pages) {
   Stream& s = streams_[static_cast<size_t>(stream)];
   if (!s.pages.empty()) throw std::logic_error("restore_stream: stream is not empty");
   bool ok = true;
@@ -318,7 +320,24 @@ bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, i
     s.page_ptrs.push_back(pool_->data(p));
   }
   s.n_slots = ok ? n_slots : 0;
+  s.dropped_pages = ok ? dropped_pages : 0;
   return ok;
+}
+
+int64_t SequenceKv::drop_pages_before(int32_t stream, int32_t min_pos) {
+  const int32_t ps = pool_->config().page_size;
+  Stream& s = streams_[static_cast<size_t>(stream)];
+  size_t n = 0;
+  // Positions increase along a stream, so a full page is out when its last slot is.
+  while (static_cast<int64_t>(n + 1) * ps <= s.n_slots && pool_->positions(s.pages[n])[ps - 1] < min_pos) ++n;
+  if (n == 0) return 0;
+  for (size_t i = 0; i < n; ++i) pool_->release(s.pages[i]);
+  // Shifting the tables keeps their capacity: no allocation on the decode path.
+  s.pages.erase(s.pages.begin(), s.pages.begin() + static_cast<std::ptrdiff_t>(n));
+  s.page_ptrs.erase(s.page_ptrs.begin(), s.page_ptrs.begin() + static_cast<std::ptrdiff_t>(n));
+  s.n_slots -= static_cast<int32_t>(n) * ps;
+  s.dropped_pages += static_cast<int32_t>(n);
+  return static_cast<int64_t>(n);
 }
 
 void SequenceKv::truncate_tail(int32_t n) {

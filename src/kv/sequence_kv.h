@@ -92,15 +92,27 @@ class SequenceKv {
   // its own references. Returns the full pages taken by reference (the partly filled last pages of the
   // streams are copied on the first append, so they save nothing).
   int64_t share_from(const SequenceKv& parent);
-  // The page of `stream` holding slots [block * page_size, (block + 1) * page_size).
-  PageId block_page(int32_t stream, int32_t block) const { return streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(block)]; }
+  // The page of `stream` that held token block `block` (slots [block * page_size, (block + 1) * page_size)
+  // of the uncompacted stream, counting pages dropped from its front), or kNoPage once dropped.
+  PageId block_page(int32_t stream, int32_t block) const {
+    const Stream& s = streams_[static_cast<size_t>(stream)];
+    const int64_t i = static_cast<int64_t>(block) - s.dropped_pages;
+    return i < 0 || i >= static_cast<int64_t>(s.pages.size()) ? kNoPage : s.pages[static_cast<size_t>(i)];
+  }
+
+  // Sliding-window layers: releases the leading full pages of `stream` whose every slot has a position
+  // below `min_pos` (no later query can see them), without moving any slot's bytes: the remaining slots
+  // are renumbered by whole pages. Returns the pages released (a shared page loses this reference only).
+  int64_t drop_pages_before(int32_t stream, int32_t min_pos);
+  // Pages dropped from the front of `stream` so far (block_page's offset; kept across swap-out).
+  int32_t dropped_pages(int32_t stream) const { return streams_[static_cast<size_t>(stream)].dropped_pages; }
 
   // Swap-in (kv/kv_manager.h): gives the empty stream `stream` n_slots slots on pages[i] where pages[i] is
   // a page whose reference the caller hands over (a shared page kept hot while swapped out), or on a fresh
   // page where pages[i] == kNoPage (its bytes and positions are for the caller to fill). Takes ownership
   // of every handed-over reference whatever happens; false when a fresh page could not be had (the stream
   // then holds what it got and is released with the sequence).
-  bool restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots);
+  bool restore_stream(int32_t stream, std::span<const PageId> pages, int32_t n_slots, int32_t dropped_pages = 0);
   void set_next_pos(int32_t pos) { next_pos_ = pos; }
 
   // Drops the last `n` slots of every stream and n positions (rollback of an append); frees emptied pages.
@@ -116,6 +128,7 @@ class SequenceKv {
     std::vector<PageId> pages;
     std::vector<const uint8_t*> page_ptrs;  // base pointers for the attention kernel
     int32_t n_slots = 0;
+    int32_t dropped_pages = 0;  // pages released from the front (sliding window), drop_pages_before
   };
   void shrink_to(Stream& s, int32_t n_slots);
   bool make_private(Stream& s, size_t page_index);

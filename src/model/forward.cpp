@@ -112,7 +112,7 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
       if (c.embd_scale != 1.0f)
         for (int64_t e = 0; e < E; ++e) x_[static_cast<size_t>(row * E + e)] *= c.embd_scale;
     }
-  kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta, 1.0f / c.rope_freq_scale, rope_cs_.data());
+  kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta, 1.0f / c.rope_freq_scale, rope_cs_.data(), c.rope_factors());
   if (c.swa_window > 0)
     kernels::rope_table(pos_.data(), total, c.rope_dims, c.rope_theta_swa, 1.0f / c.rope_freq_scale_swa,
                         rope_cs_swa_.data());
@@ -226,9 +226,13 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
       if (swa) {
         // Does the window cut into the slots the block's last token sees? (Positions increase with the
         // slot index, so the first slot holds the oldest position.)
+        // A stream whose front pages were released as they left the window (Scheduler::
+        // release_out_of_window) takes the path it would take holding them: the same kernel, hence
+        // bitwise the same logits whether or not pages were freed.
         const kv::SequenceKv& kv = *b.kv;
         const int32_t last_slot = kv.n_slots(s) - n + t1 - 1;
-        if (kv.position(s, last_slot) - kv.position(s, 0) >= c.swa_window) {
+        const int32_t oldest = kv.dropped_pages(s) > 0 ? 0 : kv.position(s, 0);
+        if (kv.position(s, last_slot) - oldest >= c.swa_window) {
           window_attention(b, static_cast<int32_t>(item), layer, head, t0, t1, scale,
                            window_scratch_.data() + static_cast<size_t>(thread) * window_scratch_per_thread_);
           continue;

@@ -47,6 +47,10 @@ struct ModelConfig {
   int32_t n_vocab = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, n_ctx = 0;
   float rope_theta = 10000.0f, rope_freq_scale = 1.0f, rms_eps = 1e-5f;
   int32_t rope_dims = 0;     // rotated dims per head (== head_dim unless the file says otherwise)
+  // llama: rope_freqs.weight (Llama 3.1+ "llama3" scaling), rope_dims / 2 divisors of the frequencies;
+  // empty when the file has none. Every layer (global ones for SWA models) uses them, as llama.cpp does.
+  std::vector<float> rope_freq_factors;
+  const float* rope_factors() const { return rope_freq_factors.empty() ? nullptr : rope_freq_factors.data(); }
   bool rope_neox = false;    // pairing (i, i+d/2) instead of (2i, 2i+1)
   bool qk_norm = false;      // qwen3
   bool qkv_bias = false;     // qwen2

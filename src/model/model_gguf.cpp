@@ -203,6 +203,15 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path) {
       lw.ffn_post_norm = L.tensor(p + "post_ffw_norm.weight", c.n_embd, 1);
     }
   }
+  if (c.arch == "llama") {
+    // Llama 3.1+ files carry the "llama3" RoPE scaling as per-frequency divisors (llama.cpp's
+    // rope_freqs, applied through ggml_rope_ext's freq_factors on every layer).
+    if (const Weight rf = L.tensor("rope_freqs.weight", c.rope_dims / 2, 1, false)) {
+      c.rope_freq_factors.assign(rf.f32(), rf.f32() + c.rope_dims / 2);
+      for (float v : c.rope_freq_factors)
+        if (!(std::isfinite(v) && v > 0)) throw ModelError(path + ": rope_freqs.weight holds a value that is not a positive finite float");
+    }
+  }
   m->weight_bytes_ = L.bytes;
   m->chat_template_ = f.get_string("tokenizer.chat_template").value_or("");
   m->validate();

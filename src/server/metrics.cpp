@@ -156,6 +156,8 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, con
   // Prefix cache.
   w.metric("counter", "kvpack_kv_forks_total", "Choices 1..n-1 of n > 1 requests forked from a prefilled prompt (its pages shared copy-on-write).", m.forks);
   w.metric("counter", "kvpack_kv_fork_pages_saved_total", "Full prompt KV pages forked choices took by reference instead of allocating.", m.fork_pages_saved);
+  w.metric("counter", "kvpack_kv_window_pages_freed_total",
+           "KV pages of sliding-window layers returned to the pool as they fell out of the window.", m.window_pages_freed);
   w.metric("counter", "kvpack_prefix_cache_queries_total", "Prefix cache lookups (one per admission).", p.queries);
   w.metric("counter", "kvpack_prefix_cache_hits_total", "Lookups that reused at least one block.", p.hits);
   w.metric("counter", "kvpack_prefix_cache_hit_tokens_total", "Prompt tokens whose KV was reused.", p.tokens_hit);
