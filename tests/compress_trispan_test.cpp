@@ -141,6 +141,30 @@ TEST(CompressTriSpanKernel, NoveltyMatchesFloat64Reference) {
       }
 }
 
+// A table indexed by position (KeyUnrotate::positions: one table for streams whose slots differ) gives
+// bitwise what a table built for the slots' own positions gives.
+TEST(CompressTriSpanKernel, PositionIndexedTableEqualsPerSlotTable) {
+  for (DType type : {DType::F32, DType::F16})
+    for (bool neox : {true, false}) {
+      const int32_t hd = 64, n = 29, ps = 4, rot = 64;
+      const auto keys = normal_keys(n, hd, 41u + (neox ? 1u : 0u));
+      const Stream st(type, hd, ps, keys);
+      const std::vector<int32_t> pos = increasing_positions(n, 10, 5);
+      const std::vector<float> per_slot = inverse_table(pos, rot, 10000.0f);
+      std::vector<int32_t> all(static_cast<size_t>(pos.back() + 1));
+      std::iota(all.begin(), all.end(), 0);
+      const std::vector<float> by_pos = inverse_table(all, rot, 10000.0f);
+      std::vector<double> s1(static_cast<size_t>(hd), 0.0), s2 = s1;
+      std::vector<float> o1(static_cast<size_t>(n)), o2(o1.size());
+      kernels::KeyUnrotate a{per_slot.data(), rot, neox};
+      kernels::KeyUnrotate b{by_pos.data(), rot, neox, pos.data()};
+      kernels::key_novelty(st.view(), a, 0, s1.data(), o1.data());
+      kernels::key_novelty(st.view(), b, 0, s2.data(), o2.data());
+      EXPECT_EQ(o1, o2) << kernels::kv_type_name(type) << (neox ? " neox" : " gptj");
+      EXPECT_EQ(s1, s2);
+    }
+}
+
 TEST(CompressTriSpanKernel, UndoesTheForwardPassRope) {
   // One pre-RoPE key rotated to many positions exactly as the forward pass rotates keys: after
   // un-rotation every slot is the same unit vector, so each has cosine 1 to their sum.

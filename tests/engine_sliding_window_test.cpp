@@ -197,3 +197,106 @@ TEST(SlidingWindowPages, LocalLayersStayBoundedAndOutputsAreThoseOfKeepingEveryP
   std::printf("  tiny-gemma3 window 24, 5 sequences x 250 tokens: peak pages %lld freeing vs %lld keeping; %lld local pages freed\n",
               static_cast<long long>(freed.peak_used), static_cast<long long>(kept.peak_used), static_cast<long long>(freed_pages));
 }
+
+// Compression on a model with sliding-window layers applies to the global layers only: the local ones
+// keep one slot per token in position order (their pages are freed by the window, not by eviction),
+// the global ones are cut back to the budget. With window_layers set (what the scheduler does when
+// window freeing is off) every layer is compressed, as before.
+TEST(SlidingWindowCompression, PoliciesScoreAndEvictGlobalLayersOnly) {
+  TmpGemma file(24);
+  auto model = Model::load(file.path);
+  const ModelConfig& c = model->config();
+  EngineOptions eo;
+  eo.page_size = 8;
+  Engine engine(*model, eo);
+  const std::vector<int32_t> prompt = prompt_tokens(200, 7, c.n_vocab);
+  for (const char* policy : {"trispan", "snapkv", "knorm", "h2o"}) {
+    for (bool window_layers : {false, true}) {
+      compress::CompressConfig kv;
+      kv.policy = compress::parse_policy(policy);
+      kv.budget = 48;
+      kv.interval = 16;
+      kv.window_layers = window_layers;
+      compress::SequenceCompressor comp(kv, c, nullptr, static_cast<int32_t>(prompt.size()));
+      auto seq = engine.kv().new_sequence();
+      std::vector<float> lg(static_cast<size_t>(c.n_vocab));
+      engine.runner().prefill(*seq, prompt, lg.data(), &comp);
+      int32_t tok = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+      for (int i = 0; i < 40; ++i) tok = engine.runner().decode_greedy(*seq, tok, lg.data(), &comp);
+      const int32_t total = static_cast<int32_t>(prompt.size()) + 40;
+      ASSERT_GT(comp.stats().events, 0) << policy;
+      for (int32_t l = 0; l < c.n_layer; ++l)
+        for (int32_t h = 0; h < c.n_head_kv; ++h) {
+          const int32_t s = seq->stream_index(l, h);
+          if (c.is_swa(l) && !window_layers) {
+            ASSERT_EQ(seq->n_slots(s), total) << policy << " local layer " << l << " keeps one slot per token";
+            for (int32_t j = 0; j < total; ++j) ASSERT_EQ(seq->position(s, j), j) << policy << " layer " << l;
+          } else {
+            EXPECT_LE(seq->n_slots(s), kv.budget + kv.interval) << policy << " layer " << l << (window_layers ? " (all layers)" : "");
+          }
+        }
+    }
+  }
+}
+
+// Through the scheduler: compressed requests (with the cold tier and recall on) free their local pages
+// as the window passes, compress their global layers, keep the pool's invariants at every step, and
+// give the same greedy tokens batched as alone.
+TEST(SlidingWindowCompression, CompressedRequestsFreeWindowPagesAndAreBatchInvariant) {
+  TmpGemma file(24);
+  auto model = Model::load(file.path);
+  const ModelConfig& c = model->config();
+  const int32_t n_gen = 60;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 3; ++i) prompts.push_back(prompt_tokens(180 + 10 * i, i + 11, c.n_vocab));
+  compress::CompressConfig kv;
+  kv.policy = compress::PolicyKind::TriSpan;
+  kv.budget = 48;
+  kv.interval = 16;
+  kv.recall.enabled = true;
+  kv.recall.every = 4;
+  auto run = [&](bool batched) {
+    EngineOptions eo;
+    eo.page_size = 8;
+    eo.max_batch_tokens = 64;
+    eo.kv_cold = "host:64M";
+    Engine engine(*model, eo);
+    SchedulerOptions so;
+    so.max_running = batched ? 8 : 1;
+    so.step_tokens = 40;
+    Scheduler sched(engine, so);
+    std::vector<Got> got(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.prompt = prompts[i];
+      r.max_tokens = n_gen;
+      r.sampling.temperature = 0;
+      r.ignore_eos = true;
+      r.kv = kv;
+      sched.submit(r, [&got, i](const RequestEvent& ev) {
+        if (ev.kind != RequestEvent::Kind::Finished) return;
+        got[i].done = true;
+        got[i].tokens = ev.tokens;
+        got[i].stats = ev.stats;
+      });
+    }
+    for (int step = 0; step < 5000; ++step) {
+      bool all = true;
+      for (const Got& g : got) all &= g.done;
+      if (all) break;
+      sched.step();
+      EXPECT_EQ(sched.check_invariants(), "") << "step " << step;
+    }
+    return got;
+  };
+  const std::vector<Got> batched = run(true), alone = run(false);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(batched[i].done && alone[i].done);
+    EXPECT_EQ(batched[i].tokens, alone[i].tokens) << "prompt " << i;
+    EXPECT_EQ(static_cast<int32_t>(batched[i].tokens.size()), n_gen);
+    EXPECT_GT(batched[i].stats.compression.events, 0) << "prompt " << i;
+    EXPECT_GT(batched[i].stats.compression.evicted_slots, 0) << "prompt " << i;
+    EXPECT_GT(batched[i].stats.window_pages_freed, 0) << "a compressed request frees its local pages too: prompt " << i;
+    EXPECT_GT(batched[i].stats.compression.recall.checks, 0) << "prompt " << i;
+  }
+}

@@ -118,7 +118,7 @@ TEST(KernelsKeyScoring, WindowAndGroupLogitsMatchPerSlotReference) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       std::vector<float> logits(static_cast<size_t>(w) * n), per_head(static_cast<size_t>(group) * n);
       window_logits(st.view(), q.data(), stride, w, group, scale, logits.data());
-      group_logits(st.view(), q.data() + (w - 1) * stride, group, scale, per_head.data());
+      group_logits_on(Isa::Scalar, st.view(), q.data() + (w - 1) * stride, group, scale, per_head.data());
       for (int32_t j = 0; j < n; ++j) {
         const std::vector<float> k = st.key(j);
         for (int32_t i = 0; i < w; ++i) {
@@ -131,6 +131,89 @@ TEST(KernelsKeyScoring, WindowAndGroupLogitsMatchPerSlotReference) {
               << name(sh) << " head " << g << " slot " << j;
       }
     }
+}
+
+// group_logits on every path this CPU has against scalar: the AVX-512 F16 path (head_dim % 16 == 0,
+// group <= 8) sums 16 lanes of FMAs, so it differs by rounding: |a - b| <= hd * 2^-23 * Σ|q_i k_i| * scale
+// bounds it; the others are the scalar code, bitwise.
+TEST(KernelsKeyScoring, GroupLogitsEveryIsaPathMatchesScalar) {
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (!cpu_supports(isa, kKeyScoringIsa)) continue;
+    for (const Shape& sh : shapes())
+      for (int32_t group : {1, 2, 7, 9}) {
+        const Stream st(sh.type, sh.head_dim, sh.page_size, sh.n_slots, 21);
+        const int32_t hd = sh.head_dim, n = sh.n_slots;
+        const std::vector<float> q = normals(static_cast<size_t>(group) * hd, 22);
+        const float scale = 0.125f;
+        std::vector<float> got(static_cast<size_t>(group) * n), want(got.size());
+        group_logits_on(isa, st.view(), q.data(), group, scale, got.data());
+        group_logits_on(Isa::Scalar, st.view(), q.data(), group, scale, want.data());
+        const bool special = isa == Isa::Avx512 && sh.type == DType::F16 && hd % 16 == 0 && group <= 8;
+        for (int32_t j = 0; j < n; ++j) {
+          const std::vector<float> k = st.key(j);
+          for (int32_t g = 0; g < group; ++g) {
+            const size_t i = static_cast<size_t>(g) * n + j;
+            if (!special) {
+              EXPECT_EQ(got[i], want[i]) << isa_name(isa) << " " << name(sh) << " g " << g << " slot " << j;
+              continue;
+            }
+            double mag = 0;
+            for (int32_t e = 0; e < hd; ++e) mag += std::fabs(static_cast<double>(q[static_cast<size_t>(g * hd + e)]) * k[static_cast<size_t>(e)]);
+            EXPECT_NEAR(got[i], want[i], 1e-5 * mag * scale + 1e-30) << isa_name(isa) << " " << name(sh) << " g " << g << " slot " << j;
+          }
+        }
+      }
+  }
+}
+
+// digest_bounds: the scalar path is the element-order formula bitwise; every path bounds q.k of every
+// key the digest covers (a min/max box of random keys) and agrees with scalar to rounding.
+TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
+  for (int32_t hd : {16, 24, 64, 128}) {
+    const int32_t n_pages = 11, per_page = 5, nq = 3;
+    std::vector<float> keys = normals(static_cast<size_t>(n_pages * per_page * hd), 23);
+    std::vector<float> digests(static_cast<size_t>(n_pages) * 2 * hd);
+    for (int32_t p = 0; p < n_pages; ++p)
+      for (int32_t e = 0; e < hd; ++e) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (int32_t r = 0; r < per_page; ++r) {
+          const float x = keys[static_cast<size_t>((p * per_page + r) * hd + e)];
+          lo = std::min(lo, x);
+          hi = std::max(hi, x);
+        }
+        digests[static_cast<size_t>(p * 2 * hd + e)] = lo;
+        digests[static_cast<size_t>(p * 2 * hd + hd + e)] = hi;
+      }
+    const std::vector<float> q = normals(static_cast<size_t>(nq * hd), 24);
+    std::vector<float> want(static_cast<size_t>(n_pages) * nq);
+    digest_bounds_on(Isa::Scalar, q.data(), nq, hd, digests.data(), n_pages, want.data());
+    for (int32_t p = 0; p < n_pages; ++p)
+      for (int32_t v = 0; v < nq; ++v) {
+        float b = 0;
+        for (int32_t e = 0; e < hd; ++e) {
+          const float x = q[static_cast<size_t>(v * hd + e)];
+          b += std::max(x * digests[static_cast<size_t>(p * 2 * hd + e)], x * digests[static_cast<size_t>(p * 2 * hd + hd + e)]);
+        }
+        EXPECT_EQ(want[static_cast<size_t>(p * nq + v)], b) << "hd " << hd << " page " << p << " q " << v;
+      }
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!cpu_supports(isa, kKeyScoringIsa)) continue;
+      std::vector<float> got(want.size());
+      digest_bounds_on(isa, q.data(), nq, hd, digests.data(), n_pages, got.data());
+      for (int32_t p = 0; p < n_pages; ++p)
+        for (int32_t v = 0; v < nq; ++v) {
+          double mag = 0;
+          for (int32_t e = 0; e < hd; ++e)
+            mag += std::fabs(q[static_cast<size_t>(v * hd + e)]) *
+                   std::max(std::fabs(digests[static_cast<size_t>(p * 2 * hd + e)]), std::fabs(digests[static_cast<size_t>(p * 2 * hd + hd + e)]));
+          const float b = got[static_cast<size_t>(p * nq + v)];
+          EXPECT_NEAR(b, want[static_cast<size_t>(p * nq + v)], 1e-5 * mag) << isa_name(isa) << " hd " << hd;
+          for (int32_t r = 0; r < per_page; ++r)
+            EXPECT_GE(b + 1e-5 * mag, dot(q.data() + v * hd, keys.data() + (p * per_page + r) * hd, hd))
+                << isa_name(isa) << " hd " << hd << " page " << p << " key " << r;
+        }
+    }
+  }
 }
 
 TEST(KernelsKeyScoring, RedundancyIsASoftmaxOverNonWindowKeys) {

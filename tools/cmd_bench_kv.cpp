@@ -8,6 +8,12 @@
 //  2. Decode speed at depth: a sequence is filled to each depth with synthetic K/V (decode cost does not
 //     depend on K/V values, and this avoids minutes of prefill per depth), then --decode-tokens tokens are
 //     decoded with full KV and with the compressed cache (budget slots, compressor active), in one run.
+//  3. With --recall (needs --kv-cold): the cost of recall and the drift estimate at each depth above the
+//     budget. The filled sequence is compressed down to the budget once, its evicted slots going to the
+//     cold tier with their digests, then --decode-tokens tokens are decoded three ways, back to back:
+//     compressed without a cold tier, with evictions going to the tier, and with recall checks
+//     (--recall-every, --recall-pages) and the drift estimate, in up to 8 interleaved rounds. Reports
+//     tok/s, the ratio, and the share of decode time spent in scoring + compaction + recall + drift.
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include "cli_plot.h"
 #include "commands.h"
 #include "compress/compressor.h"
+#include "kv/evicted_kv.h"
 #include "engine/calibrate.h"
 #include "options.h"
 #include "util/half.h"
@@ -39,6 +46,8 @@ struct BenchKvOptions {
   std::string policy = "triattention", calib, out = "bench-kv";
   std::vector<int32_t> depths = {2048, 8192, 16384};
   uint64_t seed = 1;
+  bool recall = false;
+  int32_t recall_every = 16, recall_pages = 4;
 };
 
 struct Timeline {
@@ -101,6 +110,78 @@ double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compr
   return n_tokens / (now_s() - t0);
 }
 
+// Decode from `depth` synthetic slots compressed to the budget once (not timed): greedy, each token
+// sampled after SequenceCompressor::before_sample as the scheduler does (a recall that brings keys back
+// has the newest tokens computed again, as decode steps). `cold`: evicted slots go to the engine's cold
+// tier (and recall can use them when kv.recall is on). Several of these decode in interleaved rounds
+// (run_rounds), so that a VM's slow minutes fall on every variant alike.
+class ColdDecode {
+ public:
+  ColdDecode(Engine& engine, int32_t depth, const compress::CompressConfig& kv, bool cold, uint32_t seed)
+      : engine_(engine), rng_(seed), seq_(engine.kv().new_sequence()),
+        cs_(kv, engine.model().config(), engine.calibration(), 1, &engine.runner().threads()),
+        logits_(static_cast<size_t>(engine.model().config().n_vocab)) {
+    fill_synthetic(*seq_, depth, rng_);
+    if (cold) {
+      evicted_ = std::make_unique<kv::EvictedKv>(*engine.kv().cold_tier(), engine.kv().pool(),
+                                                 0xbe4c0000ull + (seed & 0xffff) * 4 + (kv.recall.enabled ? 1 : 0), seq_->n_streams());
+      cs_.set_evicted_sink(evicted_.get());
+    }
+    cs_.compress(*seq_);
+    const auto V = static_cast<uint32_t>(logits_.size());
+    // Token ids for the synthetic positions too: the check after the first token (the end of
+    // "prefill") may have the newest prefill_rows positions computed again.
+    history_.resize(static_cast<size_t>(depth));
+    for (auto& t : history_) t = static_cast<int32_t>(rng_() % V);
+    tok_ = static_cast<int32_t>(rng_() % V);
+    // The first token (its check is the end-of-prefill one) is not timed: a per-request cost.
+    const compress::CompressionStats at0 = cs_.stats();
+    const double t0 = now_s();
+    step();
+    first_s = now_s() - t0;
+    first_recall_s = cs_.stats().recall.seconds - at0.recall.seconds;
+    before = cs_.stats();
+  }
+  void decode(int32_t n) {
+    const double t0 = now_s();
+    for (int32_t i = 0; i < n; ++i) step();
+    seconds += now_s() - t0;
+    tokens += n;
+  }
+  const compress::CompressionStats& stats() const { return cs_.stats(); }
+  const kv::EvictedStats* evicted() const { return evicted_ ? &evicted_->stats() : nullptr; }
+  double tok_s() const { return tokens / seconds; }
+  // Compression events (scoring + compaction) + recall checks during the timed decode.
+  double overhead_s() const { return (stats().seconds - before.seconds) + (stats().recall.seconds - before.recall.seconds); }
+
+  double seconds = 0, first_s = 0, first_recall_s = 0;
+  int64_t tokens = 0;
+  compress::CompressionStats before;  // at the start of the timed decode
+
+ private:
+  void step() {
+    history_.push_back(tok_);
+    engine_.runner().decode_greedy(*seq_, tok_, logits_.data(), &cs_);
+    if (const int32_t again = cs_.before_sample(*seq_); again > 0) {
+      if (static_cast<size_t>(again) > history_.size()) throw std::logic_error("bench kv: recompute beyond the stream");
+      seq_->truncate_tail(again);
+      for (size_t j = history_.size() - static_cast<size_t>(again); j < history_.size(); ++j)
+        engine_.runner().decode_greedy(*seq_, history_[j], logits_.data(), &cs_);
+      cs_.before_sample(*seq_);  // the call after a recompute runs no check
+    }
+    tok_ = static_cast<int32_t>(std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
+  }
+
+  Engine& engine_;
+  std::mt19937 rng_;
+  std::unique_ptr<kv::SequenceKv> seq_;
+  std::unique_ptr<kv::EvictedKv> evicted_;  // declared after seq_: destroyed before it
+  compress::SequenceCompressor cs_;
+  std::vector<float> logits_;
+  std::vector<int32_t> history_;
+  int32_t tok_ = 0;
+};
+
 }  // namespace
 
 void add_bench_kv(CLI::App& bench) {
@@ -119,8 +200,15 @@ void add_bench_kv(CLI::App& bench) {
   cmd->add_option("--decode-tokens", b->decode_tokens, "Tokens decoded per speed measurement");
   cmd->add_option("--out", b->out, "Output directory (CSV, plot)");
   cmd->add_option("--seed", b->seed, "Seed of the token stream");
+  cmd->add_flag("--recall", b->recall,
+                "Also measure recall + drift estimate at each depth above the budget (needs --kv-cold): decode speed "
+                "without and with it, and its share of decode time");
+  cmd->add_option("--recall-every", b->recall_every, "With --recall: decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--recall-pages", b->recall_pages, "With --recall: cold pages read per (layer, KV head) per check")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->callback([o, b] {
     if (b->chunk > b->interval) throw std::invalid_argument("--chunk must be <= --interval");
+    if (b->recall && o->kv_cold.empty()) throw std::invalid_argument("--recall needs a cold tier (--kv-cold host:BYTES or dir:PATH:BYTES)");
     auto model = load_model(*o);
     const ModelConfig& c = model->config();
     const int32_t ps = o->page_size;
@@ -129,6 +217,7 @@ void add_bench_kv(CLI::App& bench) {
     for (int32_t d : b->depths) max_depth = std::max(max_depth, d);
     EngineOptions eo = engine_options(*o);
     eo.kv_pages = streams * ((max_depth + 256 + ps - 1) / ps + 2);
+    if (b->recall) eo.kv_pages += 3 * streams * ((b->budget + b->interval + 64 + ps - 1) / ps + 2);  // the --recall variants, side by side
     eo.max_batch_tokens = std::max(eo.max_batch_tokens, b->chunk);
     Engine engine(*model, eo);
     std::filesystem::create_directories(b->out);
@@ -203,6 +292,42 @@ void add_bench_kv(CLI::App& bench) {
       std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f\n", depth, full_tps, b->budget, comp_tps,
                   comp_tps / full_tps);
       std::fflush(stdout);
+      if (b->recall && depth > b->budget) {
+        s.reset();  // the pool holds one sequence at depth
+        compress::CompressConfig with = kv;
+        with.recall.enabled = true;
+        with.recall.bring_back = true;
+        with.recall.every = b->recall_every;
+        with.recall.max_pages = b->recall_pages;
+        const uint32_t sd = static_cast<uint32_t>(b->seed + depth + 1);
+        // Set up one after the other (one sequence at depth at a time), then decode in rounds.
+        ColdDecode plain(engine, depth, kv, false, sd);
+        ColdDecode down(engine, depth, kv, true, sd);
+        ColdDecode rec(engine, depth, with, true, sd);
+        const int32_t rounds = std::max(1, std::min(8, b->decode_tokens / 32));
+        for (int32_t r = 0; r < rounds; ++r) {
+          const int32_t n = b->decode_tokens / rounds + (r < b->decode_tokens % rounds ? 1 : 0);
+          for (ColdDecode* d : {&plain, &down, &rec}) d->decode(n);
+        }
+        compress::RecallStats rs = rec.stats().recall;  // the timed decode's checks only
+        rs.checks -= rec.before.recall.checks;
+        rs.pages_bounded -= rec.before.recall.pages_bounded;
+        rs.pages_read -= rec.before.recall.pages_read;
+        rs.pages_recalled -= rec.before.recall.pages_recalled;
+        rs.bytes_read -= rec.before.recall.bytes_read;
+        std::printf("recall depth=%d budget=%d: compressed %.2f tok/s, evictions to cold %.2f tok/s, +recall(every %d, %d pages)+drift %.2f tok/s, "
+                    "ratio recall/compressed %.3f; overhead (scoring+compaction+recall+drift) %.2f%% of decode time without recall, "
+                    "%.2f%% with; %lld checks, %lld cold pages bounded, %lld read, %lld recalled, %.1f MiB read, drift last %.3f; "
+                    "%lld cold pages written at the first event; first token (end-of-prefill check, untimed) %.1f ms, its check %.1f ms; "
+                    "in the timed decode: %lld compression events %.1f ms, recall checks %.1f ms\n",
+                    depth, b->budget, plain.tok_s(), down.tok_s(), b->recall_every, b->recall_pages, rec.tok_s(), rec.tok_s() / plain.tok_s(),
+                    100.0 * plain.overhead_s() / plain.seconds, 100.0 * rec.overhead_s() / rec.seconds, static_cast<long long>(rs.checks),
+                    static_cast<long long>(rs.pages_bounded), static_cast<long long>(rs.pages_read), static_cast<long long>(rs.pages_recalled),
+                    static_cast<double>(rs.bytes_read) / (1 << 20), rs.drift_last, static_cast<long long>(down.evicted()->pages_written),
+                    1e3 * rec.first_s, 1e3 * rec.first_recall_s, static_cast<long long>(rec.stats().events - rec.before.events),
+                    1e3 * (rec.stats().seconds - rec.before.seconds), 1e3 * (rec.stats().recall.seconds - rec.before.recall.seconds));
+        std::fflush(stdout);
+      }
       depth_progress.advance();
     }
     depth_progress.finish();

@@ -171,6 +171,7 @@ void add_tasks(CLI::App& eval) {
           samples.push_back({{"seed", s.task.seed}, {"depth", s.task.depth}, {"prompt_tokens", s.task.prompt_tokens},
                              {"answer", s.task.answer}, {"generated", s.generated}, {"correct", s.correct},
                              {"drift_max", s.recall.drift_max}, {"drift_first", s.recall.drift_first},
+                             {"guard_escalations", s.recall.guard_escalations}, {"guard_fallbacks", s.recall.guard_fallbacks},
                              {"pages_recalled", s.recall.pages_recalled}, {"cold_pages_read", s.recall.pages_read},
                              {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written}});
         all.push_back({{"task", eval::task_name(k)}, {"n", r.n}, {"correct", r.correct}, {"accuracy", r.accuracy},

@@ -71,6 +71,9 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
                  "stays above, the request falls back to full KV (0 = off)")
       ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--kv-recall-rows", o.recall_rows,
+                 "Newest query rows scored at a decode-time recall check (those tokens are computed again when pages come back)")
+      ->check(CLI::Range(1, 64));
   cmd.add_option("--kv-recall-pages", o.recall_pages, "Cold pages read per (layer, KV head) per recall check")
       ->check(CLI::Range(1, 1 << 16));
   cmd.add_option("--kv-recall-share", o.recall_share,
@@ -101,6 +104,7 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.recall.bring_back = o.recall;
   c.recall.every = o.recall_every;
   c.recall.max_pages = o.recall_pages;
+  c.recall.rows = o.recall_rows;
   c.recall.min_share = o.recall_share;
   c.recall.guard = o.guard;
   // Load the statistics first (when given) so that validate() sees them — whatever the default policy:

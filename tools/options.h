@@ -42,6 +42,7 @@ struct KvOptions {
   bool drift = false;
   int32_t recall_every = 16;
   int32_t recall_pages = 4;
+  int32_t recall_rows = 1;
   float recall_share = 0.02f;
   float guard = 0.0f;
   // The policy these options select: --kv-policy when given, else compress::kDefaultPolicy when

@@ -7,6 +7,19 @@
 namespace kvpack::compress {
 namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::vector<uint8_t> frozen_streams(const CompressConfig& cfg, const ModelConfig& m) {
+  std::vector<uint8_t> f;
+  if (cfg.window_layers || m.swa_window <= 0) return f;
+  f.assign(static_cast<size_t>(m.n_layer) * m.n_head_kv, 0);
+  for (int32_t l = 0; l < m.n_layer; ++l)
+    for (int32_t h = 0; h < m.n_head_kv; ++h) f[static_cast<size_t>(l * m.n_head_kv + h)] = m.is_swa(l) ? 1 : 0;
+  return f;
+}
+
+int32_t count_unfrozen(const std::vector<uint8_t>& f, int32_t n_streams) {
+  return f.empty() ? n_streams : static_cast<int32_t>(std::count(f.begin(), f.end(), uint8_t{0}));
+}
 }  // namespace
 
 void CompressionStats::add(const CompressionStats& o) {
@@ -25,14 +38,18 @@ void CompressionStats::add(const CompressionStats& o) {
 SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelConfig& model, const QueryStats* stats,
                                        int32_t prompt_len, ThreadPool* pool)
     : cfg_(cfg), mc_(model), qstats_(stats), prompt_len_(prompt_len), pool_(pool), n_streams_(model.n_layer * model.n_head_kv),
-      schedule_(cfg, n_streams_), splitter_(cfg, model.n_layer, model.n_head_kv) {
+      frozen_(frozen_streams(cfg, model)), n_compressed_streams_(count_unfrozen(frozen_, n_streams_)),
+      schedule_(cfg, n_compressed_streams_), splitter_(cfg, model.n_layer, model.n_head_kv) {
   if (!cfg_.enabled()) return;
   cfg_.validate(model, stats);
   scorer_ = make_scorer(cfg_, mc_);
   needs_ = scorer_->needs();
   const bool recall_on = cfg_.recall.enabled && !needs_.key_mass;  // H2O's mass is per slot: no splicing under it
-  queries_ = QueryWindow(mc_.n_layer, mc_.q_dim(), std::max(needs_.query_window, recall_on ? cfg_.recall.rows : 0));
-  if (recall_on) recall_ = Recall(cfg_.recall, mc_);
+  // The window holds what the scorer and the recall checks read: prefill_rows at the end of prefill,
+  // rows afterwards.
+  queries_ = QueryWindow(mc_.n_layer, mc_.q_dim(),
+                         std::max(needs_.query_window, recall_on ? std::max(cfg_.recall.rows, cfg_.recall.prefill_rows) : 0));
+  if (recall_on) recall_ = Recall(cfg_.recall, mc_, frozen_);
   if (needs_.key_mass) mass_ = KeyMass(n_streams_);
   scores_.resize(static_cast<size_t>(n_streams_));
 }
@@ -42,7 +59,7 @@ SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelCon
 SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
     : ForwardObserver(o), cfg_(o.cfg_), mc_(o.mc_), qstats_(o.qstats_), prompt_len_(o.prompt_len_),
       protected_prefix_(o.protected_prefix_), pool_(o.pool_), evicted_(nullptr), n_streams_(o.n_streams_),
-      stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
+      frozen_(o.frozen_), n_compressed_streams_(o.n_compressed_streams_), stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
       samples_(o.samples_), recomputing_(o.recomputing_), fallen_back_(o.fallen_back_),
       naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
@@ -59,10 +76,20 @@ void SequenceCompressor::on_query_post_rope(int32_t, int32_t layer, const float*
   queries_.on_query(layer, q, n_tokens, stride);
 }
 
-int64_t SequenceCompressor::live_total(const kv::SequenceKv& kv) const { return kv.total_slots(); }
+int64_t SequenceCompressor::live_total(const kv::SequenceKv& kv) const {
+  if (frozen_.empty()) return kv.total_slots();
+  int64_t n = 0;
+  for (int32_t s = 0; s < n_streams_; ++s)
+    if (!frozen_[static_cast<size_t>(s)]) n += kv.n_slots(s);
+  return n;
+}
 
 int32_t SequenceCompressor::tokens_until_trigger(const kv::SequenceKv& kv) const {
   return schedule_.tokens_until_event(live_total(kv));
+}
+
+bool SequenceCompressor::fires_after(const kv::SequenceKv& kv, int32_t n_new, bool prompt_end) const {
+  return schedule_.fires(live_total(kv) + static_cast<int64_t>(n_compressed_streams_) * n_new, prompt_end);
 }
 
 bool SequenceCompressor::after_forward(kv::SequenceKv& kv, bool prefill_done) {
@@ -122,7 +149,8 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
 int64_t SequenceCompressor::cow_pages(const kv::SequenceKv& kv) const {
   if (!cfg_.enabled()) return 0;
   int64_t n = 0;
-  for (int32_t s = 0; s < n_streams_; ++s) n += kv.shared_pages_in(s, protected_prefix_, kv.n_slots(s));
+  for (int32_t s = 0; s < n_streams_; ++s)
+    if (frozen_.empty() || !frozen_[static_cast<size_t>(s)]) n += kv.shared_pages_in(s, protected_prefix_, kv.n_slots(s));
   return n;
 }
 
@@ -154,7 +182,7 @@ Protection SequenceCompressor::protection(const kv::SequenceKv& kv, int32_t s) c
 void SequenceCompressor::compress(kv::SequenceKv& kv) {
   if (!cfg_.enabled()) return;
   const double t0 = now_s();
-  scorer_->score(ScoringInputs{kv, &queries_, needs_.key_mass ? &mass_ : nullptr, qstats_, pool_}, scores_);
+  scorer_->score(ScoringInputs{kv, &queries_, needs_.key_mass ? &mass_ : nullptr, qstats_, pool_, frozen_}, scores_);
   const double t1 = now_s();
 
   // Select: protection and budgets over the score vectors.
@@ -163,8 +191,12 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   candidates_.resize(static_cast<size_t>(n_streams_));
   positions_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) {
-    ev.max_streams_slots = std::max<int64_t>(ev.max_streams_slots, kv.n_slots(s));
     StreamCandidates& c = candidates_[static_cast<size_t>(s)];
+    if (!frozen_.empty() && frozen_[static_cast<size_t>(s)]) {  // no candidates: nothing is selected, nothing read
+      c = StreamCandidates{};
+      continue;
+    }
+    ev.max_streams_slots = std::max<int64_t>(ev.max_streams_slots, kv.n_slots(s));
     c.scores = scores_[static_cast<size_t>(s)];
     c.prot = protection(kv, s);
     c.positions = {};
@@ -182,6 +214,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   const uint64_t page_bytes = kv.pool().page_bytes();
   if (cfg_.naive && schedule_.events() == 0) naive_ = NaiveLayout(n_streams_, kv.pool().config().page_size);
   for (int32_t s = 0; s < n_streams_; ++s) {
+    if (!frozen_.empty() && frozen_[static_cast<size_t>(s)]) continue;  // a sliding-window layer: left as it is
     const auto& keep = keeps_[static_cast<size_t>(s)];
     const int32_t n = kv.n_slots(s);
     if (cfg_.naive) naive_.sync(s, n);

@@ -82,6 +82,9 @@ class SequenceCompressor : public ForwardObserver {
   // their chunks to it, so a sequence never holds more than budget + interval slots per stream (plus
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
   int32_t tokens_until_trigger(const kv::SequenceKv& kv) const;
+  // Whether appending n_new tokens (one slot in every stream it compresses) fires an event; `prompt_end`:
+  // the step ends the prompt (compress_prefill). What the scheduler plans with.
+  bool fires_after(const kv::SequenceKv& kv, int32_t n_new, bool prompt_end) const;
   const CompressionStats& stats() const { return stats_; }
   // Pages an event may have to copy before writing (copy-on-write): shared pages past the protected
   // prefix (a forked choice's prompt pages). The scheduler adds them to a compressing step's page need.
@@ -119,6 +122,10 @@ class SequenceCompressor : public ForwardObserver {
   ThreadPool* pool_;
   kv::EvictedKv* evicted_ = nullptr;
   int32_t n_streams_;
+  // Streams this compressor leaves alone (sliding-window layers unless cfg.window_layers; empty when
+  // there are none) and how many it compresses: the schedule counts only those.
+  std::vector<uint8_t> frozen_;
+  int32_t n_compressed_streams_;
   CompressionStats stats_;
   CompressionSchedule schedule_;
   std::unique_ptr<Scorer> scorer_;  // null when disabled

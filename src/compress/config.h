@@ -43,6 +43,10 @@ struct CompressConfig {
   bool compress_prefill = true;  // also cut back right after a prompt longer than the budget
   BudgetSplit split = BudgetSplit::Uniform;
   bool naive = false;         // demonstration: report the pages a non-compacting allocator would hold (NaiveLayout)
+  // Sliding-window layers (gemma3's local layers) are left alone by default: their KV is bounded by the
+  // window and the scheduler frees their pages as they fall out of it, so only global layers are scored
+  // and evicted. True compresses them too (the scheduler sets it when window freeing is off).
+  bool window_layers = false;
   std::string calib_path;     // TriAttention statistics (kvpack calibrate)
   RecallConfig recall;
 

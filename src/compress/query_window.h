@@ -22,6 +22,8 @@ class QueryWindow {
   int32_t count() const;
   // Copies `layer`'s count() rows, oldest first, into out ([count][q_dim]).
   void recent(int32_t layer, std::vector<float>& out) const;
+  // The newest min(count(), max_rows) rows only, oldest first (the window may be sized for several readers).
+  void recent(int32_t layer, int32_t max_rows, std::vector<float>& out) const;
 
  private:
   int32_t n_layer_ = 0, q_dim_ = 0, window_ = 0;

@@ -32,9 +32,9 @@ void RecallStats::add(const RecallStats& o) {
   fallback_pages_lost += o.fallback_pages_lost;
 }
 
-Recall::Recall(const RecallConfig& cfg, const ModelConfig& model)
+Recall::Recall(const RecallConfig& cfg, const ModelConfig& model, std::vector<uint8_t> frozen)
     : cfg_(cfg), mc_(model), layer_queries_(static_cast<size_t>(model.n_layer)),
-      work_(static_cast<size_t>(model.n_layer) * model.n_head_kv) {}
+      work_(static_cast<size_t>(model.n_layer) * model.n_head_kv), frozen_(std::move(frozen)) {}
 
 void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const {
   const int32_t hd = mc_.head_dim, group = mc_.group();
@@ -64,7 +64,7 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
       for (int32_t j = 0; j < n; ++j) m = std::max(m, l[j]);
       double sum = 0;
       for (int32_t j = 0; j < n; ++j) {
-        sum += std::exp(static_cast<double>(l[j] - m));
+        sum += static_cast<double>(std::exp(l[j] - m));  // f32 exp (<= 0 argument), f64 sum
         w.slot_max[static_cast<size_t>(j)] = std::max(w.slot_max[static_cast<size_t>(j)], l[j]);
       }
       w.lse[static_cast<size_t>(r * group + g)] = m + static_cast<float>(std::log(sum));
@@ -75,21 +75,25 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
   w.bound.assign(pages.size(), kNegInf);
   std::vector<double>& share_sum = w.share_sum;
   share_sum.assign(static_cast<size_t>(nq), 0.0);
+  w.page_bound.resize(pages.size() * static_cast<size_t>(nq));
+  kernels::digest_bounds(w.q.data(), nq, hd, cold.digests(s).data(), static_cast<int32_t>(pages.size()), w.page_bound.data());
   for (size_t p = 0; p < pages.size(); ++p) {
     if (pages[p].lost || pages[p].n_slots == 0) continue;
-    const auto d = cold.digest(s, static_cast<int32_t>(p));
     const float log_n = std::log(static_cast<float>(pages[p].n_slots));
     for (int32_t v = 0; v < nq; ++v) {
-      const float* q = w.q.data() + static_cast<size_t>(v) * hd;
-      float b = 0;
-      for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
+      const float b = w.page_bound[p * static_cast<size_t>(nq) + static_cast<size_t>(v)];
       const float log_share = b + log_n - w.lse[static_cast<size_t>(v)];
       w.bound[p] = std::max(w.bound[p], log_share);
-      share_sum[static_cast<size_t>(v)] += std::exp(std::min(80.0, static_cast<double>(log_share)));
+      // Shares below e^-60 of the hot mass change no sum (and most loose bounds of a long context are there).
+      if (log_share > -60.0f) share_sum[static_cast<size_t>(v)] += static_cast<double>(std::exp(std::min(80.0f, log_share)));
     }
   }
-  w.order.resize(pages.size());
-  std::iota(w.order.begin(), w.order.end(), 0);
+  // Only pages whose bound passes the read threshold are ever read (settle_stream stops at the first
+  // below it): order those alone.
+  const float threshold = std::log(cfg_.min_share);
+  w.order.clear();
+  for (size_t p = 0; p < pages.size(); ++p)
+    if (w.bound[p] >= threshold) w.order.push_back(static_cast<int32_t>(p));
   std::sort(w.order.begin(), w.order.end(), [&](int32_t a, int32_t b) {
     return w.bound[static_cast<size_t>(a)] > w.bound[static_cast<size_t>(b)] || (w.bound[static_cast<size_t>(a)] == w.bound[static_cast<size_t>(b)] && a < b);
   });
@@ -113,7 +117,7 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     std::vector<uint8_t> record;
   };
   std::vector<Candidate> recall;
-  std::vector<float> k(static_cast<size_t>(hd));
+  std::vector<float> k(static_cast<size_t>(ps) * hd);  // one cold page's keys, decoded once
   const float threshold = std::log(cfg_.min_share);
   int32_t reads = 0;
   for (int32_t p : w.order) {
@@ -127,23 +131,23 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     }
     ++stats_.pages_read;
     stats_.bytes_read += record_.size();
-    const auto d = cold.digest(s, p);
     float best = kNegInf;
     double page_max_share = 0;
+    for (int32_t j = 0; j < page.n_slots; ++j)
+      kernels::kv_decode_row(record_.data() + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data() + static_cast<size_t>(j) * hd);
     for (int32_t v = 0; v < nq; ++v) {
       const float* q = w.q.data() + static_cast<size_t>(v) * hd;
       double share = 0;
       for (int32_t j = 0; j < page.n_slots; ++j) {
-        kernels::kv_decode_row(record_.data() + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data());
+        const float* kj = k.data() + static_cast<size_t>(j) * hd;
         float dot = 0;
-        for (int32_t i = 0; i < hd; ++i) dot += q[i] * k[static_cast<size_t>(i)];
+        for (int32_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
         best = std::max(best, dot);
         share += std::exp(std::min(80.0, static_cast<double>(dot - w.lse[static_cast<size_t>(v)])));
       }
       exact_sum[static_cast<size_t>(v)] += share;
       page_max_share = std::max(page_max_share, share);
-      float b = 0;
-      for (int32_t i = 0; i < hd; ++i) b += std::max(q[i] * d[static_cast<size_t>(i)], q[i] * d[static_cast<size_t>(hd + i)]);
+      const float b = w.page_bound[static_cast<size_t>(p) * static_cast<size_t>(nq) + static_cast<size_t>(v)];
       bound_of_read[static_cast<size_t>(v)] +=
           std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
     }
@@ -263,19 +267,26 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   }
   const int32_t n_streams = static_cast<int32_t>(work_.size());
   if (queries.count() == 0) return 0;
-  auto score = [&](int task, int) { score_stream(kv, cold, task, work_[static_cast<size_t>(task)]); };
+  auto is_frozen = [&](int32_t s) { return !frozen_.empty() && frozen_[static_cast<size_t>(s)] != 0; };
+  auto score = [&](int task, int) {
+    if (!is_frozen(task)) score_stream(kv, cold, task, work_[static_cast<size_t>(task)]);
+  };
   if (pool != nullptr) {
     pool->run(n_streams, score);
   } else {
     for (int32_t s = 0; s < n_streams; ++s) score(s, 0);
   }
   double drift_sum = 0;
+  int32_t scored = 0;
   keep_tail_ = std::max(1, std::min(rows_wanted, queries.count()));
-  for (int32_t s = 0; s < n_streams; ++s)
+  for (int32_t s = 0; s < n_streams; ++s) {
+    if (is_frozen(s)) continue;
     drift_sum += settle_stream(kv, cold, s, prot[static_cast<size_t>(s)], work_[static_cast<size_t>(s)]);
+    ++scored;
+  }
   cold.commit();
   ++stats_.checks;
-  stats_.drift_last = n_streams > 0 ? drift_sum / n_streams : 0.0;
+  stats_.drift_last = scored > 0 ? drift_sum / scored : 0.0;
   stats_.drift_max = std::max(stats_.drift_max, stats_.drift_last);
   if (stats_.drift_first < 0) stats_.drift_first = stats_.drift_last;
   stats_.seconds += now_s() - t0;

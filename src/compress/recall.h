@@ -58,7 +58,9 @@ struct RecallStats {
 class Recall {
  public:
   Recall() = default;
-  Recall(const RecallConfig& cfg, const ModelConfig& model);
+  // `frozen`: streams the compressor leaves alone (sliding-window layers; empty = none): never scored,
+  // no drift (their pages may be gone, and nothing of theirs is evicted).
+  Recall(const RecallConfig& cfg, const ModelConfig& model, std::vector<uint8_t> frozen = {});
 
   const RecallConfig& config() const { return cfg_; }
   // One check over every stream; returns the slots recalled (0: the hot set is unchanged). `prot[s]` is
@@ -84,6 +86,7 @@ class Recall {
     std::vector<float> bound;     // per cold page: max over rows and heads of B_p - L (log share bound)
     std::vector<int32_t> order;   // cold pages by decreasing bound
     std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
+    std::vector<float> page_bound;  // [page][query vector]: the digest bound of q.k (kernels::digest_bounds)
   };
   void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
   // Reads, measures and exchanges for one stream; returns its drift and adds to stats_.
@@ -94,6 +97,7 @@ class Recall {
   RecallStats stats_;
   std::vector<std::vector<float>> layer_queries_;  // [layer] recent rows, oldest first
   std::vector<StreamWork> work_;
+  std::vector<uint8_t> frozen_;
   std::vector<uint8_t> record_;                    // one cold page
   int32_t keep_tail_ = 1;
   bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot

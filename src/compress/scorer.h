@@ -55,13 +55,18 @@ struct ScoringInputs {
   const KeyMass* key_mass = nullptr;
   const QueryStats* calibration = nullptr;
   ThreadPool* pool = nullptr;  // optional
+  // Streams not to score (sliding-window layers, CompressConfig::window_layers): their scores are left
+  // empty and the compressor leaves them as they are. Empty: every stream is scored.
+  std::span<const uint8_t> frozen = {};
+  bool is_frozen(int32_t s) const { return !frozen.empty() && frozen[static_cast<size_t>(s)] != 0; }
 };
 
 class Scorer {
  public:
   virtual ~Scorer() = default;
   virtual ScorerNeeds needs() const = 0;
-  // scores[s] = one score per slot of stream s, for every stream (scores has kv.n_streams() entries).
+  // scores[s] = one score per slot of stream s, for every stream that is not frozen (scores has
+  // kv.n_streams() entries; frozen ones are left empty and may point at pages no longer held).
   virtual void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) = 0;
   // A copy with the same state (some scorers carry state from event to event, e.g. TriSpan's running
   // sums): a forked sequence (n > 1 choices) continues exactly as its parent would have.

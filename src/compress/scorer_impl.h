@@ -16,6 +16,10 @@ class StreamwiseScorer : public Scorer {
   void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) final {
     for (int32_t s = 0; s < in.kv.n_streams(); ++s) {
       auto& out = scores[static_cast<size_t>(s)];
+      if (in.is_frozen(s)) {
+        out.clear();
+        continue;
+      }
       out.resize(static_cast<size_t>(in.kv.n_slots(s)));
       score_stream(in, s, out);
     }

@@ -91,14 +91,20 @@ class TriAttentionScorer final : public Scorer {
   void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
     const kv::SequenceKv& kv = in.kv;
     tri_offset_table(mc_, kv.next_pos(), C_, S_);
-    auto task = [&](int32_t t) { score_stream(in, t / mc_.n_head_kv, t % mc_.n_head_kv, scores); };
+    auto task = [&](int32_t t) {
+      if (in.is_frozen(t)) {
+        scores[static_cast<size_t>(t)].clear();
+        return;
+      }
+      score_stream(in, t / mc_.n_head_kv, t % mc_.n_head_kv, scores);
+    };
     const int32_t n_streams = kv.n_streams();
     if (in.pool != nullptr) {
       in.pool->run(n_streams, [&](int t, int) { task(t); });
     } else {
       for (int32_t t = 0; t < n_streams; ++t) task(t);
     }
-    if (uniform_) share_across_layers(kv, scores);
+    if (uniform_) share_across_layers(in, scores);
   }
 
  private:
@@ -109,18 +115,25 @@ class TriAttentionScorer final : public Scorer {
   // TriAttention's default selection: one keep set per KV head shared by all layers, from the mean over
   // layers. Valid only while all layers of a head hold the same slots, i.e. with a uniform split
   // (per-layer budgets make layers diverge; then each stream keeps its own).
-  void share_across_layers(const kv::SequenceKv& kv, std::vector<std::vector<float>>& scores) const {
+  // Frozen layers (sliding-window ones) take no part.
+  void share_across_layers(const ScoringInputs& in, std::vector<std::vector<float>>& scores) const {
+    const kv::SequenceKv& kv = in.kv;
+    std::vector<int32_t> layers;
+    for (int32_t l = 0; l < mc_.n_layer; ++l)
+      if (!in.is_frozen(kv.stream_index(l, 0))) layers.push_back(l);
+    if (layers.empty()) return;
     for (int32_t h = 0; h < mc_.n_head_kv; ++h) {
-      const int32_t n = kv.n_slots(kv.stream_index(0, h));
+      const int32_t n = kv.n_slots(kv.stream_index(layers[0], h));
       bool same = true;
-      for (int32_t l = 1; l < mc_.n_layer; ++l) same &= kv.n_slots(kv.stream_index(l, h)) == n;
+      for (int32_t l : layers) same &= kv.n_slots(kv.stream_index(l, h)) == n;
       if (!same) continue;
       std::vector<float> mean(static_cast<size_t>(n), 0.0f);
-      for (int32_t l = 0; l < mc_.n_layer; ++l) {
+      const float n_layers = static_cast<float>(layers.size());
+      for (int32_t l : layers) {
         const auto& sc = scores[static_cast<size_t>(kv.stream_index(l, h))];
-        for (int32_t j = 0; j < n; ++j) mean[static_cast<size_t>(j)] += sc[static_cast<size_t>(j)] / static_cast<float>(mc_.n_layer);
+        for (int32_t j = 0; j < n; ++j) mean[static_cast<size_t>(j)] += sc[static_cast<size_t>(j)] / n_layers;
       }
-      for (int32_t l = 0; l < mc_.n_layer; ++l) scores[static_cast<size_t>(kv.stream_index(l, h))] = mean;
+      for (int32_t l : layers) scores[static_cast<size_t>(kv.stream_index(l, h))] = mean;
     }
   }
 

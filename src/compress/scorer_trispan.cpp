@@ -75,7 +75,7 @@ class TriSpanScorer final : public Scorer {
       state_.assign(static_cast<size_t>(S), StreamState{});
       for (auto& st : state_) st.sum.assign(static_cast<size_t>(mc_.head_dim), 0.0);
     }
-    group_streams(kv);
+    group_streams(in);
     // TriAttention's term needs RoPE on the whole head (as validate() demands of triattention); otherwise
     // the spans and recency alone.
     const bool use_tri = in.calibration != nullptr && mc_.rope_dims == mc_.head_dim;
@@ -83,6 +83,7 @@ class TriSpanScorer final : public Scorer {
     nov_.resize(static_cast<size_t>(S));
     tri_.resize(static_cast<size_t>(S));
     auto task = [&](int32_t s) {
+      if (in.is_frozen(s)) return;
       stream_novelty(kv, s, nov_[static_cast<size_t>(s)]);
       if (use_tri) tri_stream_scores(*in.calibration, mc_, kv, s / mc_.n_head_kv, s % mc_.n_head_kv, C_, S_, tri_[static_cast<size_t>(s)]);
     };
@@ -92,6 +93,8 @@ class TriSpanScorer final : public Scorer {
       for (int32_t s = 0; s < S; ++s) task(s);
     }
     for (const Group& g : groups_) group_scores(kv, g, use_tri, scores);
+    for (int32_t s = 0; s < S; ++s)
+      if (in.is_frozen(s)) scores[static_cast<size_t>(s)].clear();
   }
 
  private:
@@ -102,13 +105,16 @@ class TriSpanScorer final : public Scorer {
   };
   struct Group {
     std::vector<int32_t> streams;
-    std::vector<float> cs;  // inverse RoPE table of the group's positions
+    std::vector<int32_t> positions;  // the slots' positions (the same in every stream of the group)
   };
 
-  void group_streams(const kv::SequenceKv& kv) {
+  // Frozen streams (sliding-window layers) join no group: their slots are other tokens.
+  void group_streams(const ScoringInputs& in) {
+    const kv::SequenceKv& kv = in.kv;
     groups_.clear();
     std::vector<uint64_t> hashes;
     for (int32_t s = 0; s < kv.n_streams(); ++s) {
+      if (in.is_frozen(s)) continue;
       const uint64_t h = positions_hash(kv, s);
       size_t g = 0;
       for (; g < groups_.size(); ++g)
@@ -123,13 +129,24 @@ class TriSpanScorer final : public Scorer {
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (int32_t s : groups_[g].streams) group_of_[static_cast<size_t>(s)] = static_cast<int32_t>(g);
       const int32_t s0 = groups_[g].streams[0], n = kv.n_slots(s0);
-      std::vector<int32_t> neg(static_cast<size_t>(n));
-      for (int32_t j = 0; j < n; ++j) neg[static_cast<size_t>(j)] = -kv.position(s0, j);
-      groups_[g].cs.resize(static_cast<size_t>(n) * static_cast<size_t>(mc_.rope_dims));
-      if (mc_.rope_dims > 0 && n > 0)
-        kernels::rope_table(neg.data(), n, mc_.rope_dims, mc_.rope_theta, 1.0f / mc_.rope_freq_scale, groups_[g].cs.data(),
-                            mc_.rope_factors());
+      groups_[g].positions.resize(static_cast<size_t>(n));
+      for (int32_t j = 0; j < n; ++j) groups_[g].positions[static_cast<size_t>(j)] = kv.position(s0, j);
     }
+    extend_inverse_rope(kv.next_pos());
+  }
+
+  // The inverse RoPE table of every position below `end`, grown as positions do: computed once per
+  // position, not once per group and event (after recall the streams rarely share a slot list, and
+  // rebuilding a table per stream made an event several times slower).
+  void extend_inverse_rope(int32_t end) {
+    const int32_t have = inv_positions_;
+    if (mc_.rope_dims == 0 || end <= have) return;
+    std::vector<int32_t> neg(static_cast<size_t>(end - have));
+    for (int32_t p = have; p < end; ++p) neg[static_cast<size_t>(p - have)] = -p;
+    inv_cs_.resize(static_cast<size_t>(end) * static_cast<size_t>(mc_.rope_dims));
+    kernels::rope_table(neg.data(), end - have, mc_.rope_dims, mc_.rope_theta, 1.0f / mc_.rope_freq_scale,
+                        inv_cs_.data() + static_cast<size_t>(have) * static_cast<size_t>(mc_.rope_dims), mc_.rope_factors());
+    inv_positions_ = end;
   }
 
   // nu_sj of every slot of stream s; updates the stream's running statistics with its new slots.
@@ -141,7 +158,8 @@ class TriSpanScorer final : public Scorer {
     nu.resize(static_cast<size_t>(n));
     if (n == 0) return;
     kernels::KeyUnrotate r;
-    r.cs = groups_[static_cast<size_t>(group_of_[static_cast<size_t>(s)])].cs.data();
+    r.cs = inv_cs_.data();
+    r.positions = groups_[static_cast<size_t>(group_of_[static_cast<size_t>(s)])].positions.data();
     r.rot_dims = mc_.rope_dims;
     r.neox = mc_.rope_neox;
     kernels::key_novelty(kv.view(s), r, from, st.sum.data(), nu.data());
@@ -212,6 +230,8 @@ class TriSpanScorer final : public Scorer {
   std::vector<StreamState> state_;
   std::vector<Group> groups_;
   std::vector<int32_t> group_of_;
+  std::vector<float> inv_cs_;   // inverse RoPE rows of positions [0, inv_positions_) (extend_inverse_rope)
+  int32_t inv_positions_ = 0;
   std::vector<std::vector<float>> nov_, tri_;  // per-event, per stream
   std::vector<float> C_, S_;                   // TriAttention's offset tables of the event
 };

@@ -55,9 +55,14 @@ class WindowScorer final : public Scorer {
   ScorerNeeds needs() const override { return {policy_ == PolicyKind::TOVA ? 1 : 8, false, false}; }
 
   void score(const ScoringInputs& in, std::vector<std::vector<float>>& scores) override {
-    const int32_t w = in.queries ? in.queries->count() : 0;
+    // Its own window's worth of rows (the window may be larger when recall reads it too).
+    const int32_t w = in.queries ? std::min(in.queries->count(), needs().query_window) : 0;
     for (int32_t l = 0; l < mc_.n_layer; ++l) {
-      if (w > 0) in.queries->recent(l, q_);
+      if (in.is_frozen(in.kv.stream_index(l, 0))) {  // a sliding-window layer: every head of it
+        for (int32_t h = 0; h < mc_.n_head_kv; ++h) scores[static_cast<size_t>(in.kv.stream_index(l, h))].clear();
+        continue;
+      }
+      if (w > 0) in.queries->recent(l, w, q_);
       if (policy_ == PolicyKind::TOVA)
         score_tova_layer(in.kv, l, w, scores);
       else

@@ -75,6 +75,8 @@ uint64_t Scheduler::submit(Request req, EventSink sink) {
   if (req.n < 1 || req.n > opt_.max_running)
     throw std::invalid_argument("n must be in [1, " + std::to_string(opt_.max_running) + "] (the server's max running sequences)");
   auto s = std::make_unique<Sequence>();
+  // Sliding-window layers are bounded by freeing their pages; without that, compression bounds them.
+  if (!engine_->options().window_free) req.kv.window_layers = true;
   // Constructing the compressor validates the KV config (budget vs window, calibration present).
   s->comp = req.kv.enabled() ? std::make_unique<compress::SequenceCompressor>(req.kv, c, engine_->calibration(),
                                                                               static_cast<int32_t>(req.prompt.size()),
@@ -145,12 +147,13 @@ int64_t Scheduler::projected_pages(const Sequence& s, bool windowed) const {
   // keep it above the budget); a full one its whole length.
   const int64_t slots = s.comp ? s.comp->schedule().projected_slots(full_len, s.n_prompt, s.stats.cached_tokens) : full_len;
   const int64_t all = kv_->pages_for_slots(slots, s.comp != nullptr);
-  if (!windowed || s.comp || c.swa_window <= 0 || !engine_->options().window_free) return all;
-  // A local layer of an uncompressed sequence holds the window plus the step that is being computed
-  // (release_out_of_window runs after each step), rounded out to pages on both ends.
+  if (!windowed || c.swa_window <= 0 || !engine_->options().window_free) return all;
+  // A local layer holds the window plus the step that is being computed (release_out_of_window runs
+  // after each step), rounded out to pages on both ends; compression leaves it alone (window_layers is
+  // false whenever window freeing is on), so a compressed sequence's local layers hold the same.
   const int64_t ps = kv_->page_size();
-  const int64_t per_stream = (slots + ps - 1) / ps;
-  const int64_t local = std::min(per_stream, (c.swa_window - 1 + opt_.step_tokens + ps - 1) / ps + 1);
+  const int64_t per_stream = all / kv_->n_streams();  // a global layer's stream
+  const int64_t local = std::min((full_len + ps - 1) / ps, (c.swa_window - 1 + opt_.step_tokens + ps - 1) / ps + 1);
   int64_t local_layers = 0;
   for (int32_t l = 0; l < c.n_layer; ++l) local_layers += c.is_swa(l) ? 1 : 0;
   return all - local_layers * c.n_head_kv * (per_stream - local);
@@ -158,10 +161,11 @@ int64_t Scheduler::projected_pages(const Sequence& s, bool windowed) const {
 
 void Scheduler::release_out_of_window(Sequence& s) {
   const ModelConfig& c = engine_->model().config();
-  if (c.swa_window <= 0 || s.comp || !s.kv || !engine_->options().window_free) return;
+  if (c.swa_window <= 0 || !s.kv || !engine_->options().window_free) return;
+  if (s.comp && s.comp->config().window_layers) return;  // compression bounds them instead
   // The next query is at next_pos or later and sees positions > p - window: anything below
-  // next_pos - window + 1 is never read again. (Compressed sequences keep their pages: their policies
-  // index slots, and compression already bounds them.)
+  // next_pos - window + 1 is never read again. (A compressor leaves these layers alone: their slots
+  // stay in position order, one per token, so dropping whole pages from the front is safe.)
   const int32_t min_pos = s.kv->next_pos() - c.swa_window + 1;
   if (min_pos <= 0) return;
   int64_t freed = 0;
@@ -198,7 +202,6 @@ void Scheduler::admit() {
     Sequence& s = **it;
     // A pending fork needs room for all its choices in the batch (submit keeps n <= max_running).
     if (s.fork_pending && static_cast<int32_t>(running_.size()) + s.req.n > opt_.max_running && !running_.empty()) break;
-    const int64_t need = projected_pages(s);
     const int64_t need_all = reserved_pages(s);
     bool ok;
     if (opt_.reserve_admission) {
@@ -489,8 +492,7 @@ bool Scheduler::schedule(StepPlan& plan) {
       if (it.logits) it.logits_row = plan.n_logits++;
       it.decode = s->first_token_done();
       // Every token appends one slot to every stream; the end of the prompt may fire an event too.
-      it.compress = s->comp && s->comp->schedule().fires(s->kv->total_slots() + static_cast<int64_t>(kv_->n_streams()) * n,
-                                                           it.logits && s->n_generated == 0);
+      it.compress = s->comp && s->comp->fires_after(*s->kv, n, it.logits && s->n_generated == 0);
       if (it.compress) need += s->comp->cow_pages(*s->kv);  // a forked choice copies shared pages it compacts
       plan.items.push_back(it);
     }

@@ -50,8 +50,32 @@ void window_logits(const KvStreamView& kv, const float* q, int64_t q_stride, int
 }
 
 void group_logits(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out) {
+  group_logits_on(selected_isa(kKeyScoringIsa), kv, q, group, scale, out);
+}
+
+void group_logits_on(Isa isa, const KvStreamView& kv, const float* q, int32_t group, float scale, float* out) {
   check(kv, "group_logits");
-  ks_detail::group_logits_scalar(kv, q, group, scale, out);
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("group_logits_on: ") + isa_name(isa) + " is not available on this CPU");
+  if (isa == Isa::Avx512 && kv.kv_type == DType::F16 && kv.head_dim % 16 == 0 && group >= 1 && group <= 8)
+    ks_detail::group_logits_avx512(kv, q, group, scale, out);
+  else
+    ks_detail::group_logits_scalar(kv, q, group, scale, out);
+}
+
+void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out) {
+  if (nq < 0 || head_dim <= 0 || n_pages < 0 || (n_pages > 0 && nq > 0 && (q == nullptr || digests == nullptr || out == nullptr)))
+    throw std::invalid_argument("digest_bounds: invalid arguments");
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("digest_bounds_on: ") + isa_name(isa) + " is not available on this CPU");
+  if (isa == Isa::Avx512 && head_dim % 16 == 0)
+    ks_detail::digest_bounds_avx512(q, nq, head_dim, digests, n_pages, out);
+  else
+    ks_detail::digest_bounds_scalar(q, nq, head_dim, digests, n_pages, out);
+}
+
+void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out) {
+  digest_bounds_on(selected_isa(kKeyScoringIsa), q, nq, head_dim, digests, n_pages, out);
 }
 
 void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out) {

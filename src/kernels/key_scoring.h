@@ -13,9 +13,11 @@
 //                      the sum updated with the stream's new slots first
 //
 // Dispatch: kernels/cpu_features, family kKeyScoringIsa (KVPACK_ISA forces it like every family).
-// Only tri_key_scores has an ISA-specific path, AVX-512 for F16 keys in NeoX layout (the production
-// case, where per-key work dominated a compaction event); every other kernel, and tri on avx2, is the
-// scalar code. Arithmetic order is fixed per path, so results are reproducible run to run.
+// ISA-specific paths: tri_key_scores (AVX-512, F16 keys in NeoX layout: the production case, where
+// per-key work dominated a compaction event), group_logits (AVX-512, F16 keys, head_dim % 16 == 0, group
+// <= 8: recall's hot logits at every check) and digest_bounds (AVX-512, head_dim % 16 == 0); every other
+// kernel, and these on avx2, is the scalar code. Arithmetic order is fixed per path, so results are
+// reproducible run to run (paths differ from each other by float rounding).
 // Thread-safety: pure functions of their arguments; the caller parallelises over streams.
 #pragma once
 #include <cstdint>
@@ -50,6 +52,13 @@ void window_logits(const KvStreamView& kv, const float* q, int64_t q_stride, int
                    float scale, float* logits);
 // out[g * n_slots + j] = (q(g) · k_j) * scale, q(g) = q + g * head_dim, for g < group.
 void group_logits(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
+// The same on an explicitly chosen path (tests); throws std::invalid_argument if this CPU cannot run it.
+void group_logits_on(Isa isa, const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
+
+// Quest's page bound for recall (kv/evicted_kv.h): digests = n_pages x [head_dim minima, head_dim maxima];
+// out[p * nq + v] = Σ_i max(q_v[i] * min_p[i], q_v[i] * max_p[i]), q_v = q + v * head_dim, for v < nq.
+void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out);
+void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out);
 
 // R-KV redundancy (triattention repo baselines/utils.py cal_similarity, sliced [:, :-w]): C = cosine
 // similarity of all n keys (zero diagonal); each row's newest near-duplicate (cos > 0.5) is exempted
@@ -62,10 +71,13 @@ void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out);
 // them for the NEGATED positions (the caller builds one table per position list; every stream holding the
 // same positions shares it); rot_dims <= head_dim (the first rot_dims elements are rotated); neox: the
 // pairing of rope_apply ((i, i + rot_dims / 2), else (2i, 2i + 1)).
+// With `positions` set, cs is indexed by position instead: slot j's row is cs + positions[j] * rot_dims
+// (a table of every position, NEGATED as above, shared by streams whose slots differ).
 struct KeyUnrotate {
   const float* cs = nullptr;
   int32_t rot_dims = 0;
   bool neox = false;
+  const int32_t* positions = nullptr;
 };
 // TriSpan's key novelty of one stream: first sum[e] += u_j[e] (f64) for the slots j >= from (the slots the
 // stream has not seen before), then out[j] = u_j · sum / ||sum|| for every slot j < n_slots (0 where the key

@@ -37,6 +37,41 @@ void tri_row(const uint16_t* key, int32_t F, int32_t G, const float* u_re, const
 
 }  // namespace
 
+void group_logits_avx512(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out) {
+  // One vcvtph2ps per 16 key elements, shared by the group's query heads.
+  const int32_t hd = kv.head_dim, ps = kv.page_size, n_slots = kv.n_slots;
+  __m512 acc[8];
+  for (int32_t s0 = 0; s0 < n_slots; s0 += ps) {
+    const auto* page = reinterpret_cast<const uint16_t*>(kv.pages[s0 / ps]);
+    const int32_t n = n_slots - s0 < ps ? n_slots - s0 : ps;
+    for (int32_t r = 0; r < n; ++r) {
+      const uint16_t* key = page + static_cast<long>(r) * hd;
+      for (int32_t g = 0; g < group; ++g) acc[g] = _mm512_setzero_ps();
+      for (int32_t e = 0; e < hd; e += 16) {
+        const __m512 k = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + e)));
+        for (int32_t g = 0; g < group; ++g) acc[g] = _mm512_fmadd_ps(k, _mm512_loadu_ps(q + static_cast<long>(g) * hd + e), acc[g]);
+      }
+      for (int32_t g = 0; g < group; ++g) out[static_cast<long>(g) * n_slots + s0 + r] = _mm512_reduce_add_ps(acc[g]) * scale;
+    }
+  }
+}
+
+void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const float* digests, int32_t n_pages, float* out) {
+  for (int32_t p = 0; p < n_pages; ++p) {
+    const float* mn = digests + static_cast<long>(p) * 2 * hd;
+    const float* mx = mn + hd;
+    for (int32_t v = 0; v < nq; ++v) {
+      const float* qv = q + static_cast<long>(v) * hd;
+      __m512 acc = _mm512_setzero_ps();
+      for (int32_t i = 0; i < hd; i += 16) {
+        const __m512 x = _mm512_loadu_ps(qv + i);
+        acc = _mm512_add_ps(acc, _mm512_max_ps(_mm512_mul_ps(x, _mm512_loadu_ps(mn + i)), _mm512_mul_ps(x, _mm512_loadu_ps(mx + i))));
+      }
+      out[static_cast<long>(p) * nq + v] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
 void tri_key_scores_avx512(const KvStreamView& kv, const TriWeights& w, float* out) {
   const int32_t F = w.n_bands, G = w.group, ps = kv.page_size, n_slots = kv.n_slots;
   const long row_halves = kv.head_dim;  // F16 row: head_dim halves

@@ -95,6 +95,19 @@ void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, 
   });
 }
 
+void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const float* digests, int32_t n_pages, float* out) {
+  for (int32_t p = 0; p < n_pages; ++p) {
+    const float* mn = digests + static_cast<size_t>(p) * 2 * hd;
+    const float* mx = mn + hd;
+    for (int32_t v = 0; v < nq; ++v) {
+      const float* qv = q + static_cast<size_t>(v) * hd;
+      float b = 0;
+      for (int32_t i = 0; i < hd; ++i) b += std::max(qv[i] * mn[i], qv[i] * mx[i]);
+      out[static_cast<size_t>(p) * nq + v] = b;
+    }
+  }
+}
+
 void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out) {
   // As the reference: the similarity matrix covers ALL n keys (window rows count in the column means,
   // the softmax runs over all n columns); a row without a near-duplicate zeroes column 0 (the reference
@@ -145,7 +158,8 @@ void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t fr
   });
   for (int32_t j = 0; j < n; ++j) {
     float* k = keys.data() + static_cast<size_t>(j) * hd;
-    if (r.rot_dims > 0) rope_apply(k, r.cs + static_cast<size_t>(j) * half * 2, r.rot_dims, r.neox);
+    const size_t row = static_cast<size_t>(r.positions != nullptr ? r.positions[j] : j);
+    if (r.rot_dims > 0) rope_apply(k, r.cs + row * half * 2, r.rot_dims, r.neox);
     double ss = 0;
     for (int32_t e = 0; e < hd; ++e) ss += static_cast<double>(k[e]) * k[e];
     const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;

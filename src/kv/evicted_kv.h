@@ -74,6 +74,8 @@ class EvictedKv {
   std::span<const EvictedPage> pages(int32_t stream) const { return streams_[static_cast<size_t>(stream)].pages; }
   // The digest of page `page` of `stream`: head_dim minima, then head_dim maxima.
   std::span<const float> digest(int32_t stream, int32_t page) const;
+  // Every page's digest of `stream`, page after page (pages(stream).size() x 2 * head_dim floats).
+  std::span<const float> digests(int32_t stream) const { return streams_[static_cast<size_t>(stream)].digests; }
   // sum_i max(q_i * min_i, q_i * max_i): no slot of the page has q.k above it (q: head_dim floats).
   float upper_bound(int32_t stream, int32_t page, const float* q) const;
   // Reads the record of a cold page (pool().record_bytes() bytes) into `out`; false when the tier no
