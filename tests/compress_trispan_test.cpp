@@ -165,6 +165,40 @@ TEST(CompressTriSpanKernel, PositionIndexedTableEqualsPerSlotTable) {
     }
 }
 
+// key_novelty on every path this CPU has against scalar, odd shapes: where the AVX-512 path serves (F16,
+// NeoX with rot_dims / 2 % 16 == 0, or no rotation) the sums match to rounding and the cosines to 1e-6;
+// elsewhere every path is the scalar code, bitwise.
+TEST(CompressTriSpanKernel, EveryIsaPathMatchesScalar) {
+  for (kernels::Isa isa : {kernels::Isa::Scalar, kernels::Isa::Avx2, kernels::Isa::Avx512}) {
+    if (!kernels::cpu_supports(isa, kernels::kKeyScoringIsa)) continue;
+    for (DType type : {DType::F32, DType::F16})
+      for (bool neox : {true, false})
+        for (const auto& [hd, rot, ps, n] : {std::tuple{128, 128, 16, 61}, std::tuple{64, 32, 5, 23}, std::tuple{48, 0, 7, 9},
+                                             std::tuple{96, 64, 3, 1}, std::tuple{32, 16, 4, 17}}) {
+          SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " " + kernels::kv_type_name(type) + (neox ? " neox" : " gptj") +
+                       " hd " + std::to_string(hd) + " rot " + std::to_string(rot));
+          const Stream st(type, hd, ps, normal_keys(n, hd, 91u + static_cast<uint32_t>(hd + rot)));
+          const std::vector<int32_t> pos = increasing_positions(n, 7, 9);
+          const std::vector<float> cs = inverse_table(pos, rot, 10000.0f);
+          const kernels::KeyUnrotate r{cs.data(), rot, neox};
+          const int32_t from = n / 3;
+          std::vector<double> s_got(static_cast<size_t>(hd), 0.5), s_want = s_got;
+          std::vector<float> got(static_cast<size_t>(n)), want(got.size());
+          kernels::key_novelty_on(isa, st.view(), r, from, s_got.data(), got.data());
+          kernels::key_novelty_on(kernels::Isa::Scalar, st.view(), r, from, s_want.data(), want.data());
+          const bool special = isa == kernels::Isa::Avx512 && kernels::key_novelty_has_avx512_path(st.view(), r);
+          EXPECT_EQ(special, isa == kernels::Isa::Avx512 && type == DType::F16 && hd % 16 == 0 && (rot == 0 || (neox && rot / 2 % 16 == 0)));
+          if (!special) {
+            EXPECT_EQ(got, want);
+            EXPECT_EQ(s_got, s_want);
+            continue;
+          }
+          for (int32_t e = 0; e < hd; ++e) EXPECT_NEAR(s_got[static_cast<size_t>(e)], s_want[static_cast<size_t>(e)], 1e-6) << e;
+          for (int32_t j = 0; j < n; ++j) EXPECT_NEAR(got[static_cast<size_t>(j)], want[static_cast<size_t>(j)], 1e-6) << "slot " << j;
+        }
+  }
+}
+
 TEST(CompressTriSpanKernel, UndoesTheForwardPassRope) {
   // One pre-RoPE key rotated to many positions exactly as the forward pass rotates keys: after
   // un-rotation every slot is the same unit vector, so each has cosine 1 to their sum.

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
+#include <cmath>
 
 #include "kernels/key_scoring_internal.h"
 
@@ -88,7 +90,32 @@ void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, dou
   if (r.rot_dims < 0 || r.rot_dims > kv.head_dim || r.rot_dims % 2 != 0 || (r.rot_dims > 0 && kv.n_slots > 0 && r.cs == nullptr))
     throw std::invalid_argument("key_novelty: rot_dims must be even, <= head_dim, with a table");
   if (from < 0 || from > kv.n_slots) throw std::invalid_argument("key_novelty: from out of range");
-  ks_detail::key_novelty_scalar(kv, r, from, sum, out);
+  key_novelty_on(selected_isa(kKeyScoringIsa), kv, r, from, sum, out);
+}
+
+bool key_novelty_has_avx512_path(const KvStreamView& kv, const KeyUnrotate& r) {
+  return kv.kv_type == DType::F16 && kv.head_dim % 16 == 0 && kv.head_dim <= 1024 &&
+         (r.rot_dims == 0 || (r.neox && (r.rot_dims / 2) % 16 == 0));
+}
+
+void key_novelty_on(Isa isa, const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out) {
+  check(kv, "key_novelty");
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("key_novelty_on: ") + isa_name(isa) + " is not available on this CPU");
+  if (!(isa == Isa::Avx512 && key_novelty_has_avx512_path(kv, r))) {
+    ks_detail::key_novelty_scalar(kv, r, from, sum, out);
+    return;
+  }
+  const int32_t n = kv.n_slots, hd = kv.head_dim;
+  std::vector<float> keys(static_cast<size_t>(n) * hd);
+  ks_detail::novelty_unit_keys_avx512(kv, r, from, sum, keys.data());
+  double norm = 0;
+  for (int32_t e = 0; e < hd; ++e) norm += sum[e] * sum[e];
+  norm = std::sqrt(norm);
+  std::vector<float> dir(static_cast<size_t>(hd), 0.0f);
+  if (norm > 0)
+    for (int32_t e = 0; e < hd; ++e) dir[static_cast<size_t>(e)] = static_cast<float>(sum[e] / norm);
+  ks_detail::rows_dot_avx512(keys.data(), n, hd, dir.data(), out);
 }
 
 const char* key_scoring_isa() { return isa_name(selected_isa(kKeyScoringIsa)); }

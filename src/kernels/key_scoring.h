@@ -15,7 +15,8 @@
 // Dispatch: kernels/cpu_features, family kKeyScoringIsa (KVPACK_ISA forces it like every family).
 // ISA-specific paths: tri_key_scores (AVX-512, F16 keys in NeoX layout: the production case, where
 // per-key work dominated a compaction event), group_logits (AVX-512, F16 keys, head_dim % 16 == 0, group
-// <= 8: recall's hot logits at every check) and digest_bounds (AVX-512, head_dim % 16 == 0); every other
+// <= 8: recall's hot logits at every check), digest_bounds (AVX-512, head_dim % 16 == 0) and key_novelty
+// (AVX-512, F16 keys, NeoX: TriSpan's per-key work at every event); every other
 // kernel, and these on avx2, is the scalar code. Arithmetic order is fixed per path, so results are
 // reproducible run to run (paths differ from each other by float rounding).
 // Thread-safety: pure functions of their arguments; the caller parallelises over streams.
@@ -83,6 +84,12 @@ struct KeyUnrotate {
 // stream has not seen before), then out[j] = u_j · sum / ||sum|| for every slot j < n_slots (0 where the key
 // or the sum is zero). sum has head_dim entries.
 void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
+// The same on an explicitly chosen path (tests); throws std::invalid_argument if this CPU cannot run it.
+void key_novelty_on(Isa isa, const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
+// True if the AVX-512 path serves these arguments (F16 keys, head_dim % 16 == 0, NeoX pairs with
+// rot_dims / 2 % 16 == 0 or no rotation): the un-rotation is bitwise the scalar one (no FMA), the norm and
+// the final dot sum in 16 lanes, so scores differ from scalar by rounding.
+bool key_novelty_has_avx512_path(const KvStreamView& kv, const KeyUnrotate& r);
 
 // The path key scoring runs here ("scalar", "avx2" (= scalar code), "avx512").
 const char* key_scoring_isa();
