@@ -109,12 +109,8 @@ void key_novelty_on(Isa isa, const KvStreamView& kv, const KeyUnrotate& r, int32
   const int32_t n = kv.n_slots, hd = kv.head_dim;
   std::vector<float> keys(static_cast<size_t>(n) * hd);
   ks_detail::novelty_unit_keys_avx512(kv, r, from, sum, keys.data());
-  double norm = 0;
-  for (int32_t e = 0; e < hd; ++e) norm += sum[e] * sum[e];
-  norm = std::sqrt(norm);
-  std::vector<float> dir(static_cast<size_t>(hd), 0.0f);
-  if (norm > 0)
-    for (int32_t e = 0; e < hd; ++e) dir[static_cast<size_t>(e)] = static_cast<float>(sum[e] / norm);
+  std::vector<float> dir(static_cast<size_t>(hd));
+  ks_detail::unit_direction(sum, hd, dir.data());
   ks_detail::rows_dot_avx512(keys.data(), n, hd, dir.data(), out);
 }
 

@@ -167,13 +167,16 @@ void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t fr
     if (j >= from)
       for (int32_t e = 0; e < hd; ++e) sum[e] += k[e];
   }
+  std::vector<float> dir(static_cast<size_t>(hd));
+  unit_direction(sum, hd, dir.data());
+  for (int32_t j = 0; j < n; ++j) out[j] = dot(keys.data() + static_cast<size_t>(j) * hd, dir.data(), hd);
+}
+
+void unit_direction(const double* sum, int32_t hd, float* dir) {
   double norm = 0;
   for (int32_t e = 0; e < hd; ++e) norm += sum[e] * sum[e];
   norm = std::sqrt(norm);
-  std::vector<float> dir(static_cast<size_t>(hd), 0.0f);
-  if (norm > 0)
-    for (int32_t e = 0; e < hd; ++e) dir[static_cast<size_t>(e)] = static_cast<float>(sum[e] / norm);
-  for (int32_t j = 0; j < n; ++j) out[j] = dot(keys.data() + static_cast<size_t>(j) * hd, dir.data(), hd);
+  for (int32_t e = 0; e < hd; ++e) dir[e] = norm > 0 ? static_cast<float>(sum[e] / norm) : 0.0f;
 }
 
 }  // namespace kvpack::kernels::ks_detail
