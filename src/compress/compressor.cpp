@@ -80,7 +80,7 @@ int64_t SequenceCompressor::live_total(const kv::SequenceKv& kv) const {
   if (frozen_.empty()) return kv.total_slots();
   int64_t n = 0;
   for (int32_t s = 0; s < n_streams_; ++s)
-    if (!frozen_[static_cast<size_t>(s)]) n += kv.n_slots(s);
+    if (!frozen(s)) n += kv.n_slots(s);
   return n;
 }
 
@@ -150,7 +150,7 @@ int64_t SequenceCompressor::cow_pages(const kv::SequenceKv& kv) const {
   if (!cfg_.enabled()) return 0;
   int64_t n = 0;
   for (int32_t s = 0; s < n_streams_; ++s)
-    if (frozen_.empty() || !frozen_[static_cast<size_t>(s)]) n += kv.shared_pages_in(s, protected_prefix_, kv.n_slots(s));
+    if (!frozen(s)) n += kv.shared_pages_in(s, protected_prefix_, kv.n_slots(s));
   return n;
 }
 
@@ -192,7 +192,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   positions_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) {
     StreamCandidates& c = candidates_[static_cast<size_t>(s)];
-    if (!frozen_.empty() && frozen_[static_cast<size_t>(s)]) {  // no candidates: nothing is selected, nothing read
+    if (frozen(s)) {  // no candidates: nothing is selected, nothing read
       c = StreamCandidates{};
       continue;
     }
@@ -214,7 +214,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   const uint64_t page_bytes = kv.pool().page_bytes();
   if (cfg_.naive && schedule_.events() == 0) naive_ = NaiveLayout(n_streams_, kv.pool().config().page_size);
   for (int32_t s = 0; s < n_streams_; ++s) {
-    if (!frozen_.empty() && frozen_[static_cast<size_t>(s)]) continue;  // a sliding-window layer: left as it is
+    if (frozen(s)) continue;  // a sliding-window layer: left as it is
     const auto& keep = keeps_[static_cast<size_t>(s)];
     const int32_t n = kv.n_slots(s);
     if (cfg_.naive) naive_.sync(s, n);

@@ -126,6 +126,7 @@ class SequenceCompressor : public ForwardObserver {
   // there are none) and how many it compresses: the schedule counts only those.
   std::vector<uint8_t> frozen_;
   int32_t n_compressed_streams_;
+  bool frozen(int32_t s) const { return !frozen_.empty() && frozen_[static_cast<size_t>(s)] != 0; }
   CompressionStats stats_;
   CompressionSchedule schedule_;
   std::unique_ptr<Scorer> scorer_;  // null when disabled
