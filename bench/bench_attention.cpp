@@ -7,6 +7,9 @@
 //   decode_hot/TYPE/slots:N/ISA     same, one stream reused (cache-resident upper bound)
 //   decode/TYPE/slots:N/group:8/ISA
 //   prefill/TYPE/ctx:C/new:T/ISA    T new tokens after C cached slots                -> "flops" rate
+//   read_roofline/TYPE/slots:N      a plain sum over the same K/V bytes in the same page order -> "kv" rate:
+//                                   the memory roofline of the decode rows above, measured in the same run
+//                                   (decode "kv" / read_roofline "kv" = the kernel's fraction of roofline).
 // Rates are SI (G = 1e9). The decode streams rotate over >= 256 MB of pages whose order is shuffled within
 // a shared pool, so every call reads K/V from DRAM through scattered page addresses as in real decode.
 #include <benchmark/benchmark.h>
@@ -122,6 +125,42 @@ void bm_decode(benchmark::State& state, const char* isa, DType type, int32_t n_s
       static_cast<double>(state.iterations()) * static_cast<double>(s.stream_bytes()), benchmark::Counter::kIsRate);
 }
 
+// Reads exactly the bytes decode reads (K rows then V rows of every visible slot, page by page, through the
+// same shuffled page table) and does nothing with them but a running sum: what one thread can pull from DRAM
+// over this access pattern, the ceiling for bm_decode on the same streams.
+void bm_read_roofline(benchmark::State& state, DType type, int32_t n_slots) {
+  const Streams& s = streams(type, n_slots, true);
+  const size_t row_bytes = kv_row_bytes(type, kHeadDim);
+  int64_t i = 0;
+  uint64_t acc = 0;
+  for (auto _ : state) {
+    const KvStreamView kv = s.view(i++);
+    for (int32_t p = 0, left = n_slots; left > 0; ++p, left -= kPageSize) {
+      const size_t words = static_cast<size_t>(std::min(left, kPageSize)) * row_bytes / sizeof(uint64_t);
+      for (const size_t off : {size_t{0}, kv.v_offset}) {
+        uint64_t w[8] = {};
+        const uint8_t* base = kv.pages[p] + off;
+        size_t k = 0;
+        for (; k + 8 <= words; k += 8)
+          for (int j = 0; j < 8; ++j) {
+            uint64_t x;
+            std::memcpy(&x, base + (k + j) * sizeof(uint64_t), sizeof x);
+            w[j] += x;
+          }
+        for (; k < words; ++k) {
+          uint64_t x;
+          std::memcpy(&x, base + k * sizeof(uint64_t), sizeof x);
+          w[0] += x;
+        }
+        for (uint64_t x : w) acc += x;
+      }
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["kv"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(s.stream_bytes()), benchmark::Counter::kIsRate);
+}
+
 void bm_prefill(benchmark::State& state, const char* isa, DType type, int32_t ctx, int32_t n_new, int32_t group) {
   const Streams& s = streams(type, ctx + n_new, false);
   const int64_t row = static_cast<int64_t>(group) * kHeadDim;
@@ -155,6 +194,9 @@ void register_all() {
   for (DType type : {DType::F16, DType::F32, DType::BF16, DType::Q8_0}) {
     const std::string tn = std::string(kvpack::dtype_name(type));
     for (int32_t slots : {2048, 8192, 16384}) {
+      benchmark::RegisterBenchmark(("read_roofline/" + tn + "/slots:" + std::to_string(slots)).c_str(),
+                                   bm_read_roofline, type, slots)
+          ->Unit(benchmark::kMicrosecond);
       for (const char* isa : isas) {
         const std::string sl = "/slots:" + std::to_string(slots) + "/";
         benchmark::RegisterBenchmark(("decode/" + tn + sl + isa).c_str(), bm_decode, isa, type, slots, 2, true)

@@ -15,8 +15,10 @@
 //   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are dequantised once per page and tile into the
 //   `conv` scratch tile (page_size x head_dim f32) by Kern::dequant_q8 and then go through the F32
 //   kernels: one conversion serves every query row of the tile (the whole GQA group in decode).
-//   No software prefetch of the next page: tried (1-16 pages ahead, T0/T1 hints), no measurable gain on
-//   the development VM, where the kernel already reaches ~85% of a plain read of scattered 8 KiB blocks.
+//   Software prefetch two pages ahead along the page table (see prefetch_page): no measurable gain on the
+//   2026-11 development VM, but on the 2026-12-04 Xeon VM it took single-thread decode from ~75% to ~85%
+//   of a plain read of the same scattered pages for F16 (bench_attention read_roofline vs decode) and
+//   Q8_0 from ~45% to ~55%; distance 1-2 measured best, 4 worse.
 //
 // Each attention_<isa>.cpp defines a `Kern` with the page kernels (qk, softmax, pv, mass) and instantiates
 // run<Kern>. Everything below lives in an anonymous namespace on purpose: the ISA files are compiled with
@@ -103,6 +105,17 @@ inline Layout make_layout(float* scratch, int32_t n_new, int32_t group, int32_t 
   return L;
 }
 
+// Software prefetch of the page kPrefetchPages ahead along the page table. Pages are scattered, so the
+// hardware prefetchers stop at every page boundary and, without this, each page's DRAM latency adds to its
+// compute instead of hiding behind the previous page's (measured: cold time ~= plain read + cache-hot time).
+constexpr int32_t kPrefetchPages = 2;
+inline void prefetch_page(const uint8_t* page, size_t v_offset, size_t block_bytes) {
+  for (size_t off = 0; off < block_bytes; off += 64) {
+    __builtin_prefetch(page + off, 0, 3);
+    __builtin_prefetch(page + v_offset + off, 0, 3);
+  }
+}
+
 template <class Kern>
 void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t hd = kv.head_dim, ps = kv.page_size, G = a.group, n_new = a.n_new;
@@ -113,6 +126,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t base = kv.n_slots - n_new;  // slots before the first new token
   const int32_t tt = tile_tokens(n_new, G);
   const Layout L = make_layout(a.scratch, n_new, G, hd, ps);
+  const size_t block_bytes = static_cast<size_t>(ps) * kv_row_bytes(type, hd);  // K (or V) bytes of one page
   const int32_t hdp = L.hdp, psp = L.psp;
   // Q8_0 block -> f32 rows in L.conv (row stride hd), read by the F32 kernels.
   auto block = [&](const uint8_t* b, int32_t n) -> const uint8_t* {
@@ -142,6 +156,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const int32_t s0 = pg * ps;
       const int32_t n = imin(ps, last_limit - s0);
       const uint8_t* page = kv.pages[pg];
+      if (pg + kPrefetchPages < n_pages) prefetch_page(kv.pages[pg + kPrefetchPages], kv.v_offset, block_bytes);
       Kern::qk(block(page, n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
       Kern::softmax(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, L.alpha);
       Kern::pv(block(page + kv.v_offset, n), kind, n, hd, L.scores, psp, L.alpha, L.acc, hdp, R, G, first_limit - s0, L.conv);
