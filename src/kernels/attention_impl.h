@@ -15,10 +15,7 @@
 //   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are dequantised once per page and tile into the
 //   `conv` scratch tile (page_size x head_dim f32) by Kern::dequant_q8 and then go through the F32
 //   kernels: one conversion serves every query row of the tile (the whole GQA group in decode).
-//   Software prefetch two pages ahead along the page table (see prefetch_page): no measurable gain on the
-//   2026-11 development VM, but on the 2026-12-04 Xeon VM it took single-thread decode from ~75% to ~85%
-//   of a plain read of the same scattered pages for F16 (bench_attention read_roofline vs decode) and
-//   Q8_0 from ~45% to ~55%; distance 1-2 measured best, 4 worse.
+//   Software prefetch four pages ahead along the page table, into L2 (see prefetch_block).
 //
 // Each attention_<isa>.cpp defines a `Kern` with the page kernels (qk, softmax, pv, mass) and instantiates
 // run<Kern>. Everything below lives in an anonymous namespace on purpose: the ISA files are compiled with
@@ -105,15 +102,19 @@ inline Layout make_layout(float* scratch, int32_t n_new, int32_t group, int32_t 
   return L;
 }
 
-// Software prefetch of the page kPrefetchPages ahead along the page table. Pages are scattered, so the
-// hardware prefetchers stop at every page boundary and, without this, each page's DRAM latency adds to its
-// compute instead of hiding behind the previous page's (measured: cold time ~= plain read + cache-hot time).
-constexpr int32_t kPrefetchPages = 2;
-inline void prefetch_page(const uint8_t* page, size_t v_offset, size_t block_bytes) {
-  for (size_t off = 0; off < block_bytes; off += 64) {
-    __builtin_prefetch(page + off, 0, 3);
-    __builtin_prefetch(page + v_offset + off, 0, 3);
-  }
+// Software prefetch of the page kPrefetchPages ahead along the page table: its K block before this page's
+// QK pass, its V block before this page's PV pass (spread, not 2 x 64 lines at once). Pages are scattered,
+// so the hardware prefetchers stop at every page boundary and, without this, each page's DRAM latency adds
+// to its compute instead of hiding behind the previous pages' (measured: cold time ~= plain read + hot time).
+// The hint is "L2, not L1" (prefetcht2): an L1 prefetch holds one of the core's few L1 miss buffers until
+// its line arrives, so a page in flight stalls the loads of the page being computed; L2 has several times
+// more outstanding misses. Measured 2026-12-04 on the AMD EPYC VM, one thread, F16, 8192 slots
+// (bench_attention decode): L1 hint, 2 pages, whole page at once 5.5 GB/s; L2 hint + 2 MiB pages
+// (PagePool) 7.5; split K / V 9.4; distance 4 10.0, distance 8 10.4 (2048 slots: 10.1 at 4, 9.0 at 8).
+// A plain 4 KiB-chunk read there: 5.5 GB/s without prefetch, 7 with an L1 hint, 9.5 with an L2 one.
+constexpr int32_t kPrefetchPages = 4;
+inline void prefetch_block(const uint8_t* block, size_t block_bytes) {
+  for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(block + off, 0, 1);
 }
 
 template <class Kern>
@@ -156,8 +157,10 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const int32_t s0 = pg * ps;
       const int32_t n = imin(ps, last_limit - s0);
       const uint8_t* page = kv.pages[pg];
-      if (pg + kPrefetchPages < n_pages) prefetch_page(kv.pages[pg + kPrefetchPages], kv.v_offset, block_bytes);
+      const bool pf = pg + kPrefetchPages < n_pages;
+      if (pf) prefetch_block(kv.pages[pg + kPrefetchPages], block_bytes);
       Kern::qk(block(page, n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
+      if (pf) prefetch_block(kv.pages[pg + kPrefetchPages] + kv.v_offset, block_bytes);
       Kern::softmax(L.scores, psp, n, R, G, first_limit - s0, L.m, L.l, L.alpha);
       Kern::pv(block(page + kv.v_offset, n), kind, n, hd, L.scores, psp, L.alpha, L.acc, hdp, R, G, first_limit - s0, L.conv);
     }

@@ -7,9 +7,31 @@
 #include <string>
 #include <unordered_map>
 
+#include <sys/mman.h>
+
 namespace kvpack::kv {
 
 void PagePool::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
+
+namespace {
+
+// Chunk storage. Chunks of ~2 MiB (the default) are placed on 2 MiB boundaries and offered to the kernel as
+// transparent huge pages: decode attention reads a stream's pages in page-table order, scattered over the
+// pool, and with 4 KiB pages nearly every KV page costs a TLB miss and a page walk on top of its DRAM
+// latency (measured 2026-12-04, AMD EPYC VM, one thread reading 4 KiB chunks in shuffled order with an L2
+// prefetch: 9.5 GB/s on 4 KiB pages, 15 GB/s on 2 MiB pages). madvise is advice: where THP is off the
+// chunk is plain memory, and nothing else depends on it. Small chunks (tests) keep 64-byte alignment.
+constexpr size_t kHugePage = size_t{2} << 20;
+
+uint8_t* allocate_chunk(size_t bytes) {
+  if (bytes < kHugePage / 2) return static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, rounded));
+  if (mem != nullptr) (void)::madvise(mem, rounded, MADV_HUGEPAGE);
+  return mem;
+}
+
+}  // namespace
 
 PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
   if (cfg_.page_size <= 0 || cfg_.head_dim <= 0 || cfg_.max_pages <= 0)
@@ -90,10 +112,9 @@ PageId PagePool::allocate() {
   } else {
     p = next_fresh_;
     if (static_cast<size_t>(p) / cfg_.pages_per_chunk >= chunks_.size()) {
-      // Round up to the 64-byte alignment aligned_alloc needs; page_bytes is a multiple of 64 in
+      // allocate_chunk rounds up to the alignment aligned_alloc needs; page_bytes is a multiple of 64 in
       // practice (16 slots x row bytes x 2, Q8_0 rows included), but tiny test shapes may not be.
-      const size_t bytes = (chunk_bytes_ + 63) / 64 * 64;
-      auto* mem = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+      auto* mem = allocate_chunk(chunk_bytes_);
       if (mem == nullptr) return kNoPage;
       chunks_.emplace_back(mem);
       // Positions of never-written slots read as -1.
