@@ -31,6 +31,7 @@ struct PeerOptions {
   std::string flash_attn = "off";
   bool build_source = false, kvpack_real_fill = false;
   std::string peer_dir, node = "node";
+  std::string llama_fill_cache;  // directory of llama.cpp's filled KV states (empty: fill every run)
   int64_t bw_mib = 1024;
   uint64_t seed = 1;
 };

@@ -116,6 +116,10 @@ void add_bench_peer(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "prebuilt", "source", "none"}));
   cmd->add_flag("--llama-build-source", b->build_source, "First build llama.cpp from node-llama-cpp's bundled source (-march=native)");
   cmd->add_option("--flash-attn", b->flash_attn, "llama.cpp flash attention")->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--llama-fill-cache", b->llama_fill_cache,
+                  "Directory where llama.cpp's filled KV states are kept and reloaded on later runs (llama.cpp's own "
+                  "sequence state files, ~112 KiB per token for the Qwen3-0.6B shape: 3.6 GB at 32K; a real 32K fill "
+                  "takes most of an hour on 2 cores)");
   cmd->add_flag("--kvpack-real-fill", b->kvpack_real_fill, "Fill kvpack's KV by real prefill (default: synthetic K/V)");
   cmd->add_option("--peer-dir", b->peer_dir, "Directory of llama_bench.mjs and its node_modules (default: <repo>/scripts/peer)");
   cmd->add_option("--node", b->node, "Node.js executable");
@@ -285,6 +289,7 @@ void add_bench_peer(CLI::App& bench) {
       if (peer.peer) {
         const json f = peer.peer->request({{"cmd", "fill"}, {"depth", depth}, {"seed", b->seed}});
         const int fill = f.value("fillTokens", 0);
+        if (f.value("cached", false)) extra += " llama.cpp KV state loaded from --llama-fill-cache";
         if (fill > 0) {
           char s[160];
           std::snprintf(s, sizeof s, " llama.cpp filled %d tokens in %.1f s (%.1f tok/s)", fill, f.value("fillSeconds", 0.0),

@@ -121,8 +121,11 @@ namespace {
 
 std::vector<std::string> peer_args(const std::string& model, const PeerOptions& b, int threads, int batch, int ctx,
                                    const std::string& variant) {
-  return {"--serve",   "--model",      model,          "--threads", std::to_string(threads), "--batch", std::to_string(batch),
-          "--ctx",     std::to_string(ctx), "--variant", variant,   "--flash-attn",          b.flash_attn};
+  std::vector<std::string> args = {"--serve", "--model",   model,   "--threads",    std::to_string(threads),
+                                   "--batch", std::to_string(batch), "--ctx", std::to_string(ctx), "--variant",
+                                   variant,   "--flash-attn", b.flash_attn};
+  if (!b.llama_fill_cache.empty()) args.insert(args.end(), {"--fill-cache", b.llama_fill_cache});
+  return args;
 }
 
 std::unique_ptr<Peer> start_peer(const PeerOptions& b, const fs::path& dir, const std::vector<std::string>& args, json& ready) {

@@ -20,7 +20,9 @@
 // as kvpack's steps include an argmax over the logits. Logs go to stderr, results to stdout.
 import process from "node:process";
 import readline from "node:readline";
-import { readFile } from "node:fs/promises";
+import { readFile, stat, mkdir, rename, unlink } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import path from "node:path";
 
 const argv = process.argv.slice(2);
 function flag(name) {
@@ -47,6 +49,11 @@ const decodeTokens = Number(opt("--decode-tokens", "32"));
 const reps = Number(opt("--reps", "3"));
 const allowBuild = flag("--build"); // build from source if the source variant is missing
 const verbose = flag("--verbose");
+// --fill-cache DIR: keep each filled KV state in DIR (llama.cpp's own sequence state file, ~112 KiB per token
+// for the Qwen3-0.6B shape: 3.6 GB at 32K) and load it on the next run instead of refilling; a 32K fill by
+// real prefill takes most of an hour on 2 cores with flash attention off. With a cache every fill starts
+// from an empty sequence (not appended to the previous depth), so a state depends only on its key.
+const fillCache = opt("--fill-cache", null);
 let contextSize = Number(opt("--ctx", "0"));
 if (!contextSize) contextSize = Math.max(...depths, promptTokens) + decodeTokens + 64;
 
@@ -186,7 +193,21 @@ async function fill({ depth, seed = 7 }) {
   const rand = rng(seed + depth);
   let fillSeconds = 0,
     filled = 0;
-  if (seq.nextTokenIndex > depth) await seq.clearHistory();
+  const cached = fillCache ? await cacheFile(depth, seed) : null;
+  const exists = cached && depth > 0 && (await stat(cached).then(() => true, () => false));
+  if (cached || seq.nextTokenIndex > depth) await seq.clearHistory();
+  if (exists) {
+    try {
+      const a = performance.now();
+      await seq.loadStateFromFile(cached, { acceptRisk: true });
+      if (seq.nextTokenIndex !== depth) throw new Error(`holds ${seq.nextTokenIndex} tokens, not ${depth}`);
+      log(`KV state for depth ${depth} loaded from ${cached} in ${((performance.now() - a) / 1e3).toFixed(1)} s`);
+      return { event: "fill", depth, fillTokens: 0, fillSeconds: 0, cached: true, tokens: seq.nextTokenIndex };
+    } catch (e) {
+      log(`fill cache ${cached} not usable (${e.message}): filling by prefill`);
+      await seq.clearHistory();
+    }
+  }
   const need = depth - seq.nextTokenIndex;
   if (need > 0) {
     log(`filling the KV cache to ${depth} tokens (${need} more, real prefill)`);
@@ -199,8 +220,35 @@ async function fill({ depth, seed = 7 }) {
     if (need > chunk) process.stderr.write("\n");
     fillSeconds = (performance.now() - a) / 1e3;
     filled = need;
+    if (cached) {
+      // Written under a temporary name and renamed: an interrupted save never leaves a truncated state.
+      const tmp = `${cached}.${process.pid}.tmp`;
+      try {
+        const { fileSize } = await seq.saveStateToFile(tmp);
+        await rename(tmp, cached);
+        log(`KV state for depth ${depth} saved to ${cached} (${(fileSize / 2 ** 20).toFixed(0)} MiB)`);
+      } catch (e) {
+        log(`could not save the fill cache ${cached}: ${e.message}`);
+        await unlink(tmp).catch(() => {});
+      }
+    }
   }
   return { event: "fill", depth, fillTokens: filled, fillSeconds, tokens: seq.nextTokenIndex };
+}
+
+// The cache file of the state "depth random tokens from seed, from empty": keyed by everything that
+// shapes that state (the model file by path, size and mtime; llama.cpp release and build; context and
+// batch size; flash attention; the tokens' seed and count).
+async function cacheFile(depth, seed) {
+  await mkdir(fillCache, { recursive: true });
+  const st = await stat(modelPath);
+  const key = JSON.stringify({
+    model: path.resolve(modelPath), size: st.size, mtime: st.mtimeMs, llamaCpp: llama.llamaCppRelease,
+    buildType: llama.buildType, contextSize: context.contextSize, batchSize: context.batchSize, flashAttention,
+    seed, depth, format: 1,
+  });
+  const h = createHash("sha256").update(key).digest("hex").slice(0, 16);
+  return path.join(fillCache, `llama-fill-${depth}-${h}.state`);
 }
 
 // Times `warmup + n` single-token decode steps on top of the current state, warm-up dropped.
