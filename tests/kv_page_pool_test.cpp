@@ -114,6 +114,34 @@ TEST(PagePool, MemoryGrowsWithPagesUsedNotWithLimit) {
   EXPECT_LE(pool.reserved_bytes(), size_t{3} << 20);  // one chunk, not 16 GB for the limit
 }
 
+TEST(PagePool, DefaultChunksSitOnHugePageBoundaries) {
+  // Default ~2 MiB chunks are placed on 2 MiB boundaries (offered to the kernel as transparent huge pages:
+  // decode reads scattered pages, and with 4 KiB OS pages nearly each one cost a TLB miss). Every chunk's
+  // first page is so aligned; pages inside a chunk keep their 64-byte alignment.
+  PoolConfig c = small_pool(2'000, 16, 128);
+  c.kv_type = DType::F16;  // 8 KiB of K/V + 64 B of positions per page: 254 pages per chunk
+  c.pages_per_chunk = 0;
+  PagePool pool(c);
+  constexpr size_t kHuge = size_t{2} << 20;
+  std::vector<PageId> pages;
+  for (int i = 0; i < 600; ++i) pages.push_back(pool.allocate());  // 3 chunks
+  // Chunks are just under 2 MiB, so the chunk count is reserved bytes / 2 MiB rounded up.
+  const size_t chunks = (pool.reserved_bytes() + kHuge - 1) / kHuge;
+  EXPECT_EQ(chunks, 3u);
+  size_t aligned = 0;
+  for (PageId p : pages) {
+    ASSERT_NE(p, kNoPage);
+    const auto addr = reinterpret_cast<uintptr_t>(pool.data(p));
+    EXPECT_EQ(addr % 64, 0u);
+    if (addr % kHuge == 0) ++aligned;  // only a chunk's first page can sit on a boundary
+  }
+  EXPECT_EQ(aligned, chunks);
+  // Tiny chunks (tests, small shapes) are not rounded up to 2 MiB.
+  PagePool small(small_pool(64));
+  ASSERT_NE(small.allocate(), kNoPage);
+  EXPECT_LT(small.reserved_bytes(), size_t{1} << 20);
+}
+
 TEST(SequenceKv, AppendTracksPagesPositionsAndReleasesOnDestruction) {
   PagePool pool(small_pool(64));
   {
