@@ -125,9 +125,9 @@ TEST(PagePool, DefaultChunksSitOnHugePageBoundaries) {
   constexpr size_t kHuge = size_t{2} << 20;
   std::vector<PageId> pages;
   for (int i = 0; i < 600; ++i) pages.push_back(pool.allocate());  // 3 chunks
-  // Chunks are just under 2 MiB, so the chunk count is reserved bytes / 2 MiB rounded up.
-  const size_t chunks = (pool.reserved_bytes() + kHuge - 1) / kHuge;
-  EXPECT_EQ(chunks, 3u);
+  // Each chunk takes exactly one 2 MiB huge page from the system (the pages fill all but 128 bytes of it).
+  EXPECT_EQ(pool.reserved_bytes(), 3 * kHuge);
+  const size_t chunks = 3;
   size_t aligned = 0;
   for (PageId p : pages) {
     ASSERT_NE(p, kNoPage);

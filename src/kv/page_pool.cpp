@@ -23,11 +23,19 @@ namespace {
 // chunk is plain memory, and nothing else depends on it. Small chunks (tests) keep 64-byte alignment.
 constexpr size_t kHugePage = size_t{2} << 20;
 
-uint8_t* allocate_chunk(size_t bytes) {
-  if (bytes < kHugePage / 2) return static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, rounded));
-  if (mem != nullptr) (void)::madvise(mem, rounded, MADV_HUGEPAGE);
+bool huge_chunk(size_t chunk_bytes) { return chunk_bytes >= kHugePage / 2; }
+
+// What one chunk takes from the system: a multiple of the alignment aligned_alloc is asked for.
+size_t chunk_alloc_bytes(size_t chunk_bytes) {
+  const size_t align = huge_chunk(chunk_bytes) ? kHugePage : 64;
+  return (chunk_bytes + align - 1) / align * align;
+}
+
+uint8_t* allocate_chunk(size_t chunk_bytes) {
+  const size_t bytes = chunk_alloc_bytes(chunk_bytes);
+  if (!huge_chunk(chunk_bytes)) return static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, bytes));
+  if (mem != nullptr) (void)::madvise(mem, bytes, MADV_HUGEPAGE);
   return mem;
 }
 
@@ -52,6 +60,7 @@ PagePool::PagePool(const PoolConfig& cfg) : cfg_(cfg) {
     cfg_.pages_per_chunk = static_cast<int32_t>(std::max<size_t>(1, target / stride_));
   }
   chunk_bytes_ = stride_ * cfg_.pages_per_chunk;
+  alloc_bytes_ = chunk_alloc_bytes(chunk_bytes_);
   // Metadata is sized for the limit up front so allocate/release never reallocate (hot path).
   const size_t n = static_cast<size_t>(cfg_.max_pages);
   refcount_.assign(n, 0);

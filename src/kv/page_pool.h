@@ -93,7 +93,7 @@ class PagePool {
   int64_t cached_free_pages() const { return lru_size_; }            // free but still holding a cached block
   int64_t peak_used_pages() const { return peak_used_; }
   size_t used_bytes() const { return static_cast<size_t>(used_) * page_bytes_; }
-  size_t reserved_bytes() const { return chunks_.size() * chunk_bytes_; }  // memory actually obtained
+  size_t reserved_bytes() const { return chunks_.size() * alloc_bytes_; }  // memory actually obtained
 
   // Invariant check (tests, debug builds): free + cached-free + referenced = total, every refcount equals
   // the number of page-table entries naming that page (tables given by the caller), the LRU list holds
@@ -109,6 +109,7 @@ class PagePool {
   };
   PoolConfig cfg_;
   size_t row_bytes_ = 0, page_bytes_ = 0, chunk_bytes_ = 0;
+  size_t alloc_bytes_ = 0;  // what a chunk takes from the system (chunk_bytes_ rounded up to its alignment)
   size_t pos_offset_ = 0;  // positions after K+V, 4-byte aligned
   size_t stride_ = 0;      // bytes between pages in a chunk: the record, rounded up to 64 (page alignment)
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> chunks_;
