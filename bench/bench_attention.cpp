@@ -30,11 +30,11 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#include <sys/mman.h>
 
 #include "bench_main.h"
 #include "kernels/attention.h"
 #include "util/half.h"
+#include "util/huge_alloc.h"
 
 namespace {
 
@@ -80,12 +80,9 @@ const Streams& streams(DType type, int32_t n_slots, bool rotate) {
   const size_t sb = s.page_bytes * s.n_pages;
   s.n_streams = rotate ? static_cast<int32_t>(std::max<size_t>(1, (kRotateBytes + sb - 1) / sb)) : 1;
   const size_t total_pages = static_cast<size_t>(s.n_streams) * s.n_pages;
-  // On 2 MiB boundaries with transparent huge pages, as the engine's PagePool places its chunks.
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t bytes = (total_pages * s.page_bytes + kHuge - 1) / kHuge * kHuge;
-  s.mem.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, bytes)));
+  // On huge pages, as the engine's PagePool places its chunks.
+  s.mem.reset(kvpack::huge_alloc(total_pages * s.page_bytes));
   if (!s.mem) std::abort();
-  (void)madvise(s.mem.get(), bytes, MADV_HUGEPAGE);
   uint8_t* base = s.mem.get();
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -186,10 +183,12 @@ void bm_read_roofline(benchmark::State& state, DType type, int32_t n_slots) {
     const KvStreamView kv = s.view(i++);
     for (int32_t p = 0, left = n_slots; left > 0; ++p, left -= kPageSize) {
       const size_t words = static_cast<size_t>(std::min(left, kPageSize)) * row_bytes / sizeof(uint64_t);
-      // The kernel's own prefetch (K then V of the page 4 ahead, into L2): a ceiling, not a handicap.
+      // The kernel's own prefetch (K then V of the page kAttentionPrefetchPages ahead, into L2): a ceiling,
+      // not a handicap.
+      const int32_t ahead = p + kAttentionPrefetchPages;
       auto prefetch = [&](size_t off) {
-        if (p + 4 < s.n_pages)
-          for (size_t o = 0; o < words * sizeof(uint64_t); o += 64) __builtin_prefetch(kv.pages[p + 4] + off + o, 0, 1);
+        if (ahead < s.n_pages)
+          for (size_t o = 0; o < words * sizeof(uint64_t); o += 64) __builtin_prefetch(kv.pages[ahead] + off + o, 0, 1);
       };
       for (const size_t off : {size_t{0}, kv.v_offset}) {
         prefetch(off);

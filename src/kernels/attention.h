@@ -42,6 +42,11 @@ const char* kv_type_name(DType t);
 // Inverse of kv_type_name; throws std::invalid_argument naming the accepted values.
 DType parse_kv_type(std::string_view name);
 
+// Decode reads a stream's pages in page-table order and prefetches (into L2) the K and V blocks of the page
+// this many pages ahead (attention_impl.h says why and what was measured); bench_attention's read roofline
+// uses the same distance.
+inline constexpr int32_t kAttentionPrefetchPages = 4;
+
 struct KvStreamView {
   const uint8_t* const* pages = nullptr;  // page base pointers, in stream order
   int32_t n_slots = 0;                    // valid slots (tokens) in the stream

@@ -112,7 +112,7 @@ inline Layout make_layout(float* scratch, int32_t n_new, int32_t group, int32_t 
 // (bench_attention decode): L1 hint, 2 pages, whole page at once 5.5 GB/s; L2 hint + 2 MiB pages
 // (PagePool) 7.5; split K / V 9.4; distance 4 10.0, distance 8 10.4 (2048 slots: 10.1 at 4, 9.0 at 8).
 // A plain 4 KiB-chunk read there: 5.5 GB/s without prefetch, 7 with an L1 hint, 9.5 with an L2 one.
-constexpr int32_t kPrefetchPages = 4;
+constexpr int32_t kPrefetchPages = kAttentionPrefetchPages;
 inline void prefetch_block(const uint8_t* block, size_t block_bytes) {
   for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(block + off, 0, 1);
 }

@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_map>
 
-#include <sys/mman.h>
+#include "util/huge_alloc.h"
 
 namespace kvpack::kv {
 
@@ -15,28 +15,20 @@ void PagePool::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
 
 namespace {
 
-// Chunk storage. Chunks of ~2 MiB (the default) are placed on 2 MiB boundaries and offered to the kernel as
-// transparent huge pages: decode attention reads a stream's pages in page-table order, scattered over the
-// pool, and with 4 KiB pages nearly every KV page costs a TLB miss and a page walk on top of its DRAM
-// latency (measured 2026-12-04, AMD EPYC VM, one thread reading 4 KiB chunks in shuffled order with an L2
-// prefetch: 9.5 GB/s on 4 KiB pages, 15 GB/s on 2 MiB pages). madvise is advice: where THP is off the
-// chunk is plain memory, and nothing else depends on it. Small chunks (tests) keep 64-byte alignment.
-constexpr size_t kHugePage = size_t{2} << 20;
+// Chunk storage. Chunks of ~2 MiB (the default) go on huge pages (util/huge_alloc.h): decode attention reads
+// a stream's pages in page-table order, scattered over the pool (measured 2026-12-04, AMD EPYC VM, one
+// thread reading 4 KiB chunks in shuffled order with an L2 prefetch: 9.5 GB/s on 4 KiB pages, 15 GB/s on
+// 2 MiB pages). Small chunks (tests, tiny shapes) keep 64-byte alignment and are not rounded up.
+bool huge_chunk(size_t chunk_bytes) { return chunk_bytes >= kHugePageBytes / 2; }
 
-bool huge_chunk(size_t chunk_bytes) { return chunk_bytes >= kHugePage / 2; }
-
-// What one chunk takes from the system: a multiple of the alignment aligned_alloc is asked for.
+// What one chunk takes from the system.
 size_t chunk_alloc_bytes(size_t chunk_bytes) {
-  const size_t align = huge_chunk(chunk_bytes) ? kHugePage : 64;
-  return (chunk_bytes + align - 1) / align * align;
+  return huge_chunk(chunk_bytes) ? huge_alloc_bytes(chunk_bytes) : (chunk_bytes + 63) / 64 * 64;
 }
 
 uint8_t* allocate_chunk(size_t chunk_bytes) {
-  const size_t bytes = chunk_alloc_bytes(chunk_bytes);
-  if (!huge_chunk(chunk_bytes)) return static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
-  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, bytes));
-  if (mem != nullptr) (void)::madvise(mem, bytes, MADV_HUGEPAGE);
-  return mem;
+  if (huge_chunk(chunk_bytes)) return huge_alloc(chunk_bytes);
+  return static_cast<uint8_t*>(std::aligned_alloc(64, chunk_alloc_bytes(chunk_bytes)));
 }
 
 }  // namespace
