@@ -26,6 +26,8 @@ double median(std::vector<double> v);
 struct PeerOptions {
   bool quick = false;
   std::vector<int32_t> depths = {0, 2048, 8192, 16384};
+  std::vector<int32_t> batch_seqs = {8, 32};  // batched decode rows: concurrent sequences (empty: none)
+  int32_t batch_depth = 512;                  // tokens each batched sequence holds before its timed steps
   int32_t prompt_tokens = 512, decode_tokens = 32, reps = 3, warmup_steps = 2, round_steps = 8;
   std::string variant = "auto";  // auto | prebuilt | source | none
   std::string flash_attn = "off";

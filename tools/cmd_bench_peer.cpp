@@ -108,6 +108,10 @@ void add_bench_peer(CLI::App& bench) {
   add_kv_options(*cmd, *kvo);  // --kv-policy P --kv-budget B: an extra kvpack row at every depth > B (compressed)
   cmd->add_flag("--quick", b->quick, "Depth 0 only, 128 prompt tokens, 16 decode tokens (a few minutes)");
   cmd->add_option("--depths", b->depths, "Decode depths (tokens already in the KV cache)")->delimiter(',');
+  cmd->add_option("--batch-seqs", b->batch_seqs, "Batched decode rows: concurrent sequences per row (0: none; --quick: none)")
+      ->delimiter(',');
+  cmd->add_option("--batch-depth", b->batch_depth, "Tokens each batched sequence holds before its timed steps")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--prompt-tokens", b->prompt_tokens, "Prefill length (0: no prefill phase)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--decode-tokens", b->decode_tokens, "Timed decode steps per depth")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--reps", b->reps, "Timed prefill runs per engine (after one warm-up run)")->check(CLI::Range(1, 100));
@@ -131,7 +135,9 @@ void add_bench_peer(CLI::App& bench) {
       if (cmd->count("--prompt-tokens") == 0) b->prompt_tokens = 128;
       if (cmd->count("--decode-tokens") == 0) b->decode_tokens = 16;
       if (cmd->count("--reps") == 0) b->reps = 2;
+      if (cmd->count("--batch-seqs") == 0) b->batch_seqs.clear();
     }
+    std::erase_if(b->batch_seqs, [](int32_t n) { return n <= 0; });
     std::sort(b->depths.begin(), b->depths.end());
     b->depths.erase(std::unique(b->depths.begin(), b->depths.end()), b->depths.end());
     if (o->model.empty()) throw std::invalid_argument("bench peer needs -m MODEL.gguf (the same file is given to llama.cpp)");
@@ -169,6 +175,10 @@ void add_bench_peer(CLI::App& bench) {
     EngineOptions eo = engine_options(*o);
     const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
     eo.kv_pages = streams * ((ctx + o->page_size - 1) / o->page_size + 2) * (kvo->resolved_policy() != compress::PolicyKind::Full ? 2 : 1);
+    const int32_t batch_ctx = b->batch_depth + b->warmup_steps + b->decode_tokens + (b->decode_tokens + b->round_steps - 1) / b->round_steps + 8;
+    for (int32_t n : b->batch_seqs)
+      eo.kv_pages = std::max<int64_t>(eo.kv_pages, streams * n * ((batch_ctx + o->page_size - 1) / o->page_size + 1));
+    if (!b->batch_seqs.empty()) eo.max_batch_tokens = std::max(eo.max_batch_tokens, *std::max_element(b->batch_seqs.begin(), b->batch_seqs.end()));
     Engine engine(*model, eo);
     // Optional compressed runs: kvpack with --kv-policy at each depth beyond the budget, against llama.cpp's
     // full KV at the same depth. Calibration (TriAttention) from --kv-calib, else from 1024 random tokens.
@@ -218,7 +228,9 @@ void add_bench_peer(CLI::App& bench) {
     std::mt19937 rng(static_cast<uint32_t>(b->seed));
 
     // One step per phase (prefill, then each depth), with the phase named.
-    Progress phases("bench peer", (b->prompt_tokens > 0 ? 1 : 0) + static_cast<int64_t>(b->depths.size()), "phases");
+    Progress phases("bench peer",
+                    (b->prompt_tokens > 0 ? 1 : 0) + static_cast<int64_t>(b->depths.size()) + static_cast<int64_t>(b->batch_seqs.size()),
+                    "phases");
     if (b->prompt_tokens > 0) {
       const int32_t P = b->prompt_tokens;
       phases.note("(prefill " + std::to_string(P) + ")");
@@ -362,8 +374,102 @@ void add_bench_peer(CLI::App& bench) {
       }
       phases.advance();
     }
-    phases.finish();
     real_seq.reset();
+
+    // Batched decode: N sequences at --batch-depth, one token each per round, all in one forward pass.
+    for (int32_t N : b->batch_seqs) {
+      const int32_t D = b->batch_depth;
+      phases.note("(batched decode, " + std::to_string(N) + " sequences)");
+      bw_now = measure_bandwidth(threads, bw_bytes, 3);
+      bw_max = std::max(bw_max, bw_now);
+      std::printf("# bandwidth before batch %d: %.1f GB/s; load average %s\n", N, bw_now / 1e9, loadavg().c_str());
+      std::mt19937 r3(static_cast<uint32_t>(b->seed + 1000003u * static_cast<uint64_t>(N)));
+      std::vector<std::unique_ptr<kv::SequenceKv>> seqs;
+      double kv_fill_s = 0;
+      for (int32_t i = 0; i < N; ++i) {
+        seqs.push_back(engine.kv().new_sequence());
+        if (b->kvpack_real_fill) {
+          const auto toks = random_tokens(D, c.n_vocab, r3);
+          const double t0 = now_s();
+          engine.runner().prefill(*seqs.back(), toks, nullptr);
+          kv_fill_s += now_s() - t0;
+        } else {
+          fill_kv_synthetic(*seqs.back(), D, b->seed + 7919u * static_cast<uint64_t>(i + 1) + static_cast<uint64_t>(D));
+        }
+      }
+      std::string extra;
+      if (peer.peer) {
+        std::fprintf(stderr, "[bench] batch %d: llama.cpp prefills %d sequences of %d tokens\n", N, N, D);
+        const json f = peer.peer->request({{"cmd", "batchOpen"}, {"sequences", N}, {"depth", D},
+                                           {"steps", b->warmup_steps + b->decode_tokens + b->decode_tokens / std::max(1, b->round_steps) + 4},
+                                           {"seed", b->seed}});
+        char t[160];
+        std::snprintf(t, sizeof t, " llama.cpp filled %d x %d tokens in %.1f s", N, D, f.value("fillSeconds", 0.0));
+        extra += t;
+      }
+      if (b->kvpack_real_fill) {
+        char t[120];
+        std::snprintf(t, sizeof t, " kvpack filled %d x %d tokens in %.1f s", N, D, kv_fill_s);
+        extra += t;
+      }
+      const int32_t V = c.n_vocab;
+      std::vector<float> logits(static_cast<size_t>(N) * static_cast<size_t>(V));
+      std::vector<int32_t> toks = random_tokens(N, V, r3);
+      std::vector<BatchItem> items(static_cast<size_t>(N));
+      auto round = [&] {
+        for (int32_t i = 0; i < N; ++i) {
+          BatchItem& it = items[static_cast<size_t>(i)];
+          it = BatchItem{};
+          it.kv = seqs[static_cast<size_t>(i)].get();
+          it.tokens = std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1);
+          it.logits = logits.data() + static_cast<size_t>(i) * V;
+        }
+        if (!engine.runner().forward().run(items)) throw std::runtime_error("KV pool exhausted in the batched decode");
+        for (int32_t i = 0; i < N; ++i) {  // greedy choice per sequence, as llama.cpp samples each
+          const float* l = logits.data() + static_cast<size_t>(i) * V;
+          toks[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(l, l + V) - l);
+        }
+      };
+      const int32_t rounds = (b->decode_tokens + b->round_steps - 1) / b->round_steps;
+      std::fprintf(stderr, "[bench] batched decode, %d sequences at %d tokens: %d rounds of up to %d steps, alternating\n", N, D, rounds,
+                   b->round_steps);
+      std::vector<double> ksteps, lsteps;
+      for (int32_t r = 0; r < rounds; ++r) {
+        const int32_t n = std::min(b->round_steps, b->decode_tokens - r * b->round_steps);
+        const int32_t warm = r == 0 ? b->warmup_steps : 1;
+        for (int k = 0; k < 2; ++k) {
+          if ((r + k) % 2 == 0) {
+            for (int32_t i = 0; i < warm + n; ++i) {
+              const double t0 = now_s();
+              round();
+              if (i >= warm) ksteps.push_back(now_s() - t0);
+            }
+          } else if (peer.peer) {
+            const json j = peer.peer->request({{"cmd", "batchSteps"}, {"n", n}, {"warmup", warm}});
+            for (double x : j["rounds"].get<std::vector<double>>()) lsteps.push_back(x);
+          }
+        }
+      }
+      if (peer.peer) peer.peer->request({{"cmd", "batchClose"}});
+      seqs.clear();
+      const double kv_tps = N / median(ksteps);
+      const double ll_tps = lsteps.empty() ? 0.0 : N / median(lsteps);
+      // Bytes per round: the weights once, every sequence's KV at its mean depth; per token: / N.
+      const double mean_depth = D + b->warmup_steps + 0.5 * (b->decode_tokens + rounds);
+      const double bytes = (W + N * kv_per_token * mean_depth) / N;
+      const double roof = bw_now / bytes;
+      const std::string label = "batch-" + std::to_string(N);
+      char ex[120];
+      std::snprintf(ex, sizeof ex, " %d sequences at %d tokens, one token each per forward; tok/s = all sequences", N, D);
+      extra = ex + extra;
+      rows.push_back({label, D, kv_tps, ll_tps, bytes, bw_now, extra});
+      std::printf("%s depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s llama.cpp=%s |%s\n",
+                  label.c_str(), D, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(),
+                  pct(kv_tps, roof).c_str(), pct(ll_tps, roof).c_str(), extra.c_str());
+      std::fflush(stdout);
+      phases.advance();
+    }
+    phases.finish();
     if (peer.peer) peer.peer->finish();
 
     const double bw1 = measure_bandwidth(threads, bw_bytes, 5);

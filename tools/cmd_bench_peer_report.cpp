@@ -196,7 +196,7 @@ void print_table(const std::vector<Row>& rows) {
                 roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
   }
   for (const Row& r : rows)
-    if (r.phase.rfind("decode-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
+    if (r.phase.rfind("decode-", 0) == 0 || r.phase.rfind("batch-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
 }
 
 }  // namespace kvpack::cli::bench_peer

@@ -9,6 +9,11 @@
 //               {"cmd":"fill","depth":2048}          (KV to 2048 tokens by real prefill)
 //               {"cmd":"steps","n":8,"warmup":1}      (decode steps on top of the current state)
 //               {"cmd":"decode","depth":2048,"tokens":32,"warmup":2}   (fill + steps)
+//               {"cmd":"batchOpen","sequences":8,"depth":512,"steps":32}   (a context of its own with 8
+//                  sequences, each prefilled with 512 random tokens, room for 32 more)
+//               {"cmd":"batchSteps","n":8,"warmup":1}   (rounds in which every sequence decodes one token,
+//                  all in one llama_decode batch)
+//               {"cmd":"batchClose"}
 //               {"cmd":"quit"}
 //   otherwise a whole plan from the flags (--prompt-tokens, --depths, --decode-tokens), printed as
 //             text, or as one JSON object with --json.
@@ -275,6 +280,52 @@ async function decode({ depth, tokens = decodeTokens, warmup = 2, seed = 7 }) {
   return { ...f, ...st, event: "decode" };
 }
 
+// Batched decode: `sequences` sequences of one context (a context of its own, opened by batchOpen and
+// prefilled there) decode one token each per round, all in one llama_decode: the tokens are queued in the
+// same event-loop cycle and maximumParallelism keeps every sequence in the batch.
+let batchState = null;
+async function batchClose() {
+  if (!batchState) return { event: "batchClosed" };
+  await Promise.all(batchState.its.map((it) => it.return()));
+  await batchState.ctx.dispose();
+  batchState = null;
+  return { event: "batchClosed" };
+}
+async function batchOpen({ sequences, depth, steps: n = decodeTokens, seed = 11 }) {
+  await batchClose();
+  const ctx = await model.createContext({
+    contextSize: depth + n + 64,
+    batchSize,
+    threads: { ideal: threads, min: threads },
+    flashAttention,
+    sequences,
+  });
+  const seqs = [];
+  for (let i = 0; i < sequences; ++i) seqs.push(ctx.getSequence());
+  const rand = rng(seed + depth * 131 + sequences);
+  const a = performance.now();
+  // Each sequence its own prompt, evaluated concurrently, so llama.cpp packs them into shared batches.
+  await Promise.all(seqs.map((s) => s.evaluateWithoutGeneratingNewTokens(randomTokens(depth, rand))));
+  const fillSeconds = (performance.now() - a) / 1e3;
+  const its = seqs.map((s) => s.evaluate(randomTokens(1, rand), { temperature: 0, yieldEogToken: true }));
+  batchState = { ctx, seqs, its };
+  return { event: "batchOpen", sequences, depth, fillTokens: depth * sequences, fillSeconds, contextSize: ctx.contextSize };
+}
+// `warmup + n` rounds on the open batch; seconds of each timed round.
+async function batchSteps({ n = decodeTokens, warmup = 1 }) {
+  if (!batchState) throw new Error("no open batch (batchOpen first)");
+  const rounds = [];
+  for (let i = 0; i < warmup + n; ++i) {
+    const b = performance.now();
+    const res = await Promise.all(batchState.its.map((it) => it.next()));
+    const s = (performance.now() - b) / 1e3;
+    if (res.some((r) => r.done)) throw new Error("generation ended early");
+    if (i >= warmup) rounds.push(s);
+  }
+  const tokens = batchState.seqs.map((s) => s.nextTokenIndex);
+  return { event: "batchSteps", rounds, minTokens: Math.min(...tokens), maxTokens: Math.max(...tokens) };
+}
+
 const median = (a) => {
   const s = [...a].sort((x, y) => x - y);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
@@ -298,6 +349,9 @@ if (flag("--serve")) {
       else if (req.cmd === "decode") console.log(JSON.stringify(await decode(req)));
       else if (req.cmd === "fill") console.log(JSON.stringify(await fill(req)));
       else if (req.cmd === "steps") console.log(JSON.stringify(await steps(req)));
+      else if (req.cmd === "batchOpen") console.log(JSON.stringify(await batchOpen(req)));
+      else if (req.cmd === "batchSteps") console.log(JSON.stringify(await batchSteps(req)));
+      else if (req.cmd === "batchClose") console.log(JSON.stringify(await batchClose()));
       else console.log(JSON.stringify({ event: "error", message: `unknown cmd ${req.cmd}` }));
     } catch (e) {
       console.log(JSON.stringify({ event: "error", message: String(e.message) }));
