@@ -228,16 +228,26 @@ def main():
         def kill_mid_stream(inflight):  # SIGKILL while at least one stream from replica 1 is half-way
             cluster.wait_until(lambda: r1_generating(inflight), 5, "a stream in flight on replica 1", step=0.005)
             c.kill_replica(1)
-        res = run_load(6, 4.0, during=kill_mid_stream, long_ref=long_ref)
-        bad = [(p, r) for p, r in res if not r.ok]
-        wrong = [(p, r) for p, r in res if r.ok and r.text != long_ref[p]]
-        cut = [r for _, r in bad if r.first_byte]  # streams in flight on the dead replica
+        # A 300-token stream on this model lasts tens of milliseconds: on a loaded machine the streams seen in
+        # flight can all have ended between the look and the kill. Such a round tests nothing about cut
+        # streams, so it is repeated (replica 1 restarted) up to 3 times; every round's requests must still be
+        # right, and some round must cut a stream.
+        for attempt in range(1, 4):
+            res = run_load(6, 4.0, during=kill_mid_stream, long_ref=long_ref)
+            bad = [(p, r) for p, r in res if not r.ok]
+            wrong = [(p, r) for p, r in res if r.ok and r.text != long_ref[p]]
+            cut = [r for _, r in bad if r.first_byte]  # streams in flight on the dead replica
+            check(not wrong, f"round {attempt}: every successful request has the reference text ({len(wrong)} differ)")
+            check(len(bad) == len(cut), f"round {attempt}: failures are only streams cut after their first byte, each with "
+                                        f"a clear error ({len(bad)} failed: {[r.error[:60] for _, r in bad[:3]]})")
+            if cut or attempt == 3:
+                break
+            print(f"  note round {attempt}: no stream was in flight on replica 1 at the kill; restarting it for another round")
+            c.start_replica(1)
+            c.wait_healthy()
         stat = c.proxy_backend_stat()
         check(len(res) > 12, f"{len(res)} requests ran; proxy: {stat.get('wretr', '?')} retries, {stat.get('wredis', '?')} redispatches")
-        check(len(cut) > 0, f"{len(cut)} streams were in flight on the killed replica")
-        check(not wrong, f"every successful request has the reference text ({len(wrong)} differ)")
-        check(len(bad) == len(cut), f"failures are only streams cut after their first byte, each with a clear error "
-                                    f"({len(bad)} failed: {[r.error[:60] for _, r in bad[:3]]})")
+        check(len(cut) > 0, f"{len(cut)} streams were in flight on the killed replica (round {attempt})")
         after = [complete(px, {"prompt": prompts[k % 8], "max_tokens": 8}, session=f"after-kill-{k}") for k in range(12)]
         check(all(r.ok for r in after), f"after the kill every request succeeds ({sum(not r.ok for r in after)} failed)")
         check("r1" not in {r.replica for r in after}, "none of them is routed to the dead replica")
