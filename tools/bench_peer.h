@@ -80,6 +80,12 @@ PeerChoice choose_peer(const PeerOptions& b, const fs::path& dir, const std::str
 
 // Bytes per second of a `threads`-thread streaming read of a `bytes` buffer, best of `tries`.
 double measure_bandwidth(int threads, size_t bytes, int tries);
+// Int8 arithmetic peaks of `threads` threads, ops (2 per multiply-add) per second, 0 without AVX-512 VNNI:
+// raw vpdpbusd, and the GEMM's per-block sequence (vpdpbusd + convert + scale product + FMA).
+struct Int8Peak {
+  double raw = 0, scaled = 0;
+};
+Int8Peak measure_int8_peak(int threads);
 // CPU model, logical CPUs, RAM, AVX-512 / AMX flags.
 std::string machine_line();
 // "1.23" from /proc/loadavg (1-minute load): on a shared machine, how many other runnable threads there were.

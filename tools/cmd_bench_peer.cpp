@@ -256,9 +256,16 @@ void add_bench_peer(CLI::App& bench) {
       const double chunk = std::min(P, o->batch);
       const double roof = bw_now / (W / chunk + kv_per_token);
       const double flops = 2.0 * layer_params * P + 2.0 * head_params + attn_flops_per_pos * 0.5 * P * P;
-      char extra[160];
-      std::snprintf(extra, sizeof extra, " compute: kvpack=%.1f llama.cpp=%s GFLOP/s", flops / (P / kv_tps) / 1e9,
-                    ll_tps > 0 ? tps(flops / (P / ll_tps) / 1e9).c_str() : "-");
+      // The machine's int8 peaks, measured right after the runs (registers only, same threads).
+      const Int8Peak peak = measure_int8_peak(threads);
+      const double kv_gf = flops / (P / kv_tps) / 1e9;
+      char extra[400];
+      int len = std::snprintf(extra, sizeof extra, " compute: kvpack=%.1f llama.cpp=%s GFLOP/s", kv_gf,
+                              ll_tps > 0 ? tps(flops / (P / ll_tps) / 1e9).c_str() : "-");
+      if (peak.raw > 0)
+        std::snprintf(extra + len, sizeof extra - static_cast<size_t>(len),
+                      "; int8 peak of %d threads: vpdpbusd %.0f G ops/s (kvpack %.1f%%), per-block scaled sequence %.0f (kvpack %.1f%%)",
+                      threads, peak.raw / 1e9, 100.0 * kv_gf * 1e9 / peak.raw, peak.scaled / 1e9, 100.0 * kv_gf * 1e9 / peak.scaled);
       rows.push_back({"prefill", P, kv_tps, ll_tps, W / chunk + kv_per_token, bw_now, extra});
       std::printf("prefill n=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.0f tok/s: kvpack=%s llama.cpp=%s |%s\n", P,
                   tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, pct(kv_tps, roof).c_str(),
@@ -363,9 +370,14 @@ void add_bench_peer(CLI::App& bench) {
         const double c_bytes = W + kv_per_token * (kvc.budget + 0.5 * kvc.interval);
         const double c_roof = bw_now / c_bytes;
         const std::string label = std::string("decode-") + compress::policy_name(kvc.policy) + "-b" + std::to_string(kvc.budget);
-        char ex[200];
-        std::snprintf(ex, sizeof ex, " kvpack %s budget %d interval %d, mean of %d steps incl. %lld compaction event(s); llama.cpp full KV",
-                      compress::policy_name(kvc.policy), kvc.budget, kvc.interval, n, static_cast<long long>(events));
+        // Where the time goes: the median step (no event) and the slowest (the compaction event's step).
+        const double med_s = median(steps), max_s = *std::max_element(steps.begin(), steps.end());
+        char ex[320];
+        std::snprintf(ex, sizeof ex,
+                      " kvpack %s budget %d interval %d, mean of %d steps incl. %lld compaction event(s) (median step %.2f ms = %.2f tok/s, "
+                      "slowest %.1f ms); llama.cpp full KV",
+                      compress::policy_name(kvc.policy), kvc.budget, kvc.interval, n, static_cast<long long>(events), med_s * 1e3,
+                      1.0 / med_s, max_s * 1e3);
         rows.push_back({label, depth, c_tps, ll_tps, c_bytes, bw_now, ex});
         std::printf("%s depth=%d kvpack=%s llama.cpp(full)=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s |%s\n",
                     label.c_str(), depth, tps(c_tps).c_str(), tps(ll_tps).c_str(), ratio(c_tps, ll_tps).c_str(), c_roof,

@@ -109,6 +109,85 @@ double measure_bandwidth(int threads, size_t bytes, int tries) {
   return best;
 }
 
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic peaks of the int8 path that the quantised prefill GEMM runs on, measured on registers only
+// (no loads). `raw`: independent vpdpbusd (64 u8 x s8 multiply-adds each). `scaled`: what the GEMM does
+// per 64 products of a Q8_0 / Q4_0 block pair (kernels/matmul_avx512.cpp dot_q): vpdpbusd, int32 -> f32,
+// weight scale x activation scale, FMA into the float accumulator, so 4 vector instructions per 64 MACs.
+// 2 ops per MAC, as the prefill GFLOP/s count them. Returns ops per second of this thread.
+constexpr int kPeakChains = 12;
+
+// GCC 12 warns about _mm512_undefined_ps inside its own intrinsics when they are inlined into a function
+// with a target attribute (the merge-masking source it leaves undefined on purpose).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+__attribute__((target("avx512f,avx512vnni,avx512bw"))) double int8_peak_thread(bool scaled, double seconds) {
+  __m512i acc[kPeakChains];
+  __m512 facc[kPeakChains];
+  for (int i = 0; i < kPeakChains; ++i) {
+    acc[i] = _mm512_set1_epi32(i);
+    facc[i] = _mm512_set1_ps(static_cast<float>(i));
+  }
+  const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+  __m512 sc = _mm512_set1_ps(1.0f), d = _mm512_set1_ps(0.5f);
+  uint64_t iters = 0;
+  const double t0 = now_s();
+  double t = t0;
+  while (t - t0 < seconds) {
+    for (int r = 0; r < 256; ++r) {
+      if (scaled) {
+        for (int i = 0; i < kPeakChains; ++i) {
+          const __m512i s = _mm512_dpbusd_epi32(acc[i], w, x);
+          facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, d), facc[i]);
+        }
+        __asm__ volatile("" : "+v"(sc), "+v"(d));  // the scale product is recomputed every time, as in the GEMM
+      } else {
+        for (int i = 0; i < kPeakChains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
+      }
+    }
+    iters += 256;
+    t = now_s();
+  }
+  alignas(64) int32_t a[16];
+  alignas(64) float f[16];
+  _mm512_store_si512(a, acc[0]);
+  _mm512_store_ps(f, facc[0]);
+  for (int i = 1; i < kPeakChains; ++i) {
+    alignas(64) int32_t ai[16];
+    alignas(64) float fi[16];
+    _mm512_store_si512(ai, acc[i]);
+    _mm512_store_ps(fi, facc[i]);
+    a[0] += ai[i], f[0] += fi[i];
+  }
+  if (a[0] == 42 && f[0] == 42.0f) std::fprintf(stderr, " ");  // keep the chains alive
+  return static_cast<double>(iters) * kPeakChains * 64 * 2 / (t - t0);
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+Int8Peak measure_int8_peak(int threads) {
+  Int8Peak p;
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return p;
+  for (int scaled = 0; scaled < 2; ++scaled) {
+    double best = 0;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<double> r(static_cast<size_t>(threads));
+      std::vector<std::thread> ts;
+      for (int i = 0; i < threads; ++i) ts.emplace_back([&, i] { r[static_cast<size_t>(i)] = int8_peak_thread(scaled != 0, 0.1); });
+      for (auto& th : ts) th.join();
+      double sum = 0;
+      for (double v : r) sum += v;
+      best = std::max(best, sum);
+    }
+    (scaled ? p.scaled : p.raw) = best;
+  }
+  return p;
+}
+
 std::string machine_line() {
   std::string cpu = "unknown CPU";
   std::ifstream ci("/proc/cpuinfo");
@@ -196,7 +275,7 @@ void print_table(const std::vector<Row>& rows) {
                 roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
   }
   for (const Row& r : rows)
-    if (r.phase.rfind("decode-", 0) == 0 || r.phase.rfind("batch-", 0) == 0) std::printf("\n%s depth=%d:%s.\n", r.phase.c_str(), r.n, r.extra.c_str());
+    if (r.phase == "prefill" || r.phase.rfind("decode-", 0) == 0 || r.phase.rfind("batch-", 0) == 0) std::printf("\n%s %s=%d:%s.\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n, r.extra.c_str());
 }
 
 }  // namespace kvpack::cli::bench_peer
