@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -148,4 +149,57 @@ TEST(KvRowFormat, Q8_0MatchesGgmlReferenceQuantiser) {
   EXPECT_EQ(static_cast<int8_t>(row[2]), 127);
   EXPECT_EQ(static_cast<int8_t>(row[3]), -5);
   EXPECT_EQ(static_cast<int8_t>(row[4]), 3);
+}
+
+TEST(KvRowFormat, F16EncodeIsTheSameOnEveryPath) {
+  // The SIMD paths convert with vcvtps2ph; they must give f32_to_fp16's bits (round to nearest even, overflow
+  // to inf, subnormal halves, canonical quiet NaN) for every class of input. Every sign and exponent, with
+  // mantissas at and around the f16 rounding points (13 dropped bits: ties 0x1000, odd / even kept bits),
+  // for normal, subnormal and overflowing halves, NaNs with payloads, infinities; odd lengths for the tails.
+  std::vector<float> x;
+  std::mt19937 rng(11);
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t e = 0; e < 256; ++e)
+      for (uint32_t m : {0x0u, 0x1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x2000u, 0x3000u, 0x5000u, 0x7fe000u, 0x7ff000u, 0x7fffffu,
+                         static_cast<uint32_t>(rng()) & 0x7fffffu, static_cast<uint32_t>(rng()) & 0x7fffffu}) {
+        if (e == 255 && m == 0) continue;  // infinities below, once each
+        x.push_back(bits_to_f32(sign << 31 | e << 23 | m));
+      }
+  for (float v : {65504.0f, 65519.996f, 65520.0f, 65536.0f, -65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f, 6.0e-8f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
+  for (uint32_t payload : {0x1u, 0x2000u, 0x400000u, 0x7fffffu, 0x3fffffu}) {  // signalling and quiet NaNs, both signs
+    x.push_back(bits_to_f32(0x7f800000u | payload));
+    x.push_back(bits_to_f32(0xff800000u | payload));
+  }
+  const int32_t n = static_cast<int32_t>(x.size());
+  std::vector<uint8_t> want(2 * x.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const uint16_t h = f32_to_fp16(x[static_cast<size_t>(i)]);
+    std::memcpy(&want[2 * static_cast<size_t>(i)], &h, 2);
+  }
+  int paths = 0;
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (!attention_isa_available(isa)) continue;
+    ++paths;
+    for (int32_t len : {n, n - 1, 15, 17, 7, 1}) {  // offsets 0 and 3 shift every value through the vector lanes
+      for (int32_t off : {0, 3}) {
+        if (off + len > n) continue;
+        std::vector<uint8_t> got(2 * static_cast<size_t>(len) + 2, 0xab);
+        kv_encode_row_on(isa, x.data() + off, DType::F16, len, got.data());
+        for (int32_t i = 0; i < len; ++i) {
+          uint16_t g, w;
+          std::memcpy(&g, &got[2 * static_cast<size_t>(i)], 2);
+          std::memcpy(&w, &want[2 * static_cast<size_t>(i + off)], 2);
+          ASSERT_EQ(g, w) << isa << " len " << len << " off " << off << ": x bits 0x" << std::hex << f32_to_bits(x[static_cast<size_t>(i + off)]);
+        }
+        EXPECT_EQ(got[2 * static_cast<size_t>(len)], 0xab) << isa << ": wrote past the row";
+      }
+    }
+    std::vector<uint8_t> dflt(want.size());
+    kv_encode_row(x.data(), DType::F16, n, dflt.data());  // the dispatched path
+    EXPECT_EQ(dflt, want);
+  }
+  EXPECT_GE(paths, 1);
+  EXPECT_THROW(kv_encode_row_on("sse9", x.data(), DType::F16, 1, want.data()), std::invalid_argument);
 }

@@ -3,6 +3,8 @@
 // shared driver (tiling, causal limits, online softmax, key_mass pass) is attention_impl.h.
 #include "kernels/attention.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,7 +61,53 @@ void validate(const KvStreamView& kv, const AttentionArgs& a) {
     fail("q_stride / out_stride smaller than group * head_dim");
 }
 
+// f32 -> f16 rows with the hardware conversion (vcvtps2ph, round to nearest even: the same bits as
+// f32_to_fp16 for every finite value, overflow and subnormal), NaN lanes then set to f32_to_fp16's canonical
+// quiet NaN (sign | 0x7e00; the hardware would keep part of the payload). The scalar loop was 3-10 % of a
+// prefill's time (every new token writes K and V of every layer and KV head).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) int32_t encode_f16_avx512(const float* x, int32_t n, uint8_t* dst) {
+  int32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) {
+      const __m256i sign = _mm512_cvtepi32_epi16(_mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(0x8000)));
+      h = _mm256_mask_blend_epi16(nan, h, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * static_cast<size_t>(i)), h);
+  }
+  return i;
+}
+__attribute__((target("avx2,f16c"))) int32_t encode_f16_avx2(const float* x, int32_t n, uint8_t* dst) {
+  int32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) break;  // NaN: the scalar tail takes it from here
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * static_cast<size_t>(i)),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+void encode_row_with(Isa isa, const float* x, DType t, int32_t n, uint8_t* dst);
+
 }  // namespace
+
+void kv_encode_row_on(const char* isa, const float* x, DType t, int32_t n, uint8_t* dst) {
+  Isa i;
+  if (!parse_isa(isa, &i) || !cpu_supports(i, kAttentionIsa))
+    throw std::invalid_argument(std::string("kv_encode_row_on: path not available: ") + isa);
+  encode_row_with(i, x, t, n, dst);
+}
 
 bool kv_type_supported(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
@@ -82,17 +130,26 @@ size_t kv_row_bytes(DType t, int32_t head_dim) {
 }
 
 void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst) {
+  static const Isa isa = selected_isa(kAttentionIsa);
+  encode_row_with(isa, x, t, n, dst);
+}
+
+namespace {
+void encode_row_with(Isa isa, const float* x, DType t, int32_t n, uint8_t* dst) {
   switch (t) {
     case DType::F32:
       std::memcpy(dst, x, static_cast<size_t>(n) * 4);
       return;
     case DType::F16:
-    case DType::BF16:
-      for (int32_t i = 0; i < n; ++i) {
+    case DType::BF16: {
+      int32_t i = 0;
+      if (t == DType::F16) i = isa == Isa::Avx512 ? encode_f16_avx512(x, n, dst) : isa == Isa::Avx2 ? encode_f16_avx2(x, n, dst) : 0;
+      for (; i < n; ++i) {
         const uint16_t h = t == DType::F16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
         std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
       }
       return;
+    }
     case DType::Q8_0:
       for (int32_t b = 0; b + 32 <= n; b += 32, dst += 34) {
         float amax = 0.0f;
@@ -111,6 +168,7 @@ void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst) {
       throw std::invalid_argument("kv_encode_row: unsupported KV type");
   }
 }
+}  // namespace
 
 void kv_decode_row(const uint8_t* src, DType t, int32_t n, float* out) {
   switch (t) {

@@ -35,6 +35,9 @@ size_t kv_row_bytes(DType t, int32_t head_dim);
 // (quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) (half away from zero), d stored as f16).
 // n must be a multiple of 32 for Q8_0 (unchecked: callers size rows with kv_row_bytes).
 void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst);
+// kv_encode_row on an explicitly chosen path ("scalar", "avx2", "avx512": F16 uses the hardware conversion on
+// the SIMD paths, the same bits as the scalar one); throws std::invalid_argument if this CPU cannot run it.
+void kv_encode_row_on(const char* isa, const float* x, DType t, int32_t n, uint8_t* dst);
 // One row to f32 (exact for every type: d * q is computed in f32 as the kernels do).
 void kv_decode_row(const uint8_t* src, DType t, int32_t n, float* out);
 // Lower-case CLI names: "f32", "f16", "bf16", "q8_0".
