@@ -185,7 +185,7 @@ void reference(const Stream& st, const std::vector<float>& q, int64_t q_stride, 
 // Runs the kernel with padded q/out strides, a misaligned NaN-filled scratch with a canary after it, and
 // checks that padding and canary are untouched. Returns out as [(t * group + g) * hd + d].
 std::vector<float> run_kernel(const char* isa, const Stream& st, const std::vector<float>& q, int64_t q_stride,
-                              float* key_mass, int32_t out_pad = 3) {
+                              float* key_mass, int32_t out_pad = 3, float* lse = nullptr) {
   const Config& c = st.config();
   const int64_t row = static_cast<int64_t>(c.group) * c.hd;
   const int64_t out_stride = row + out_pad;
@@ -203,6 +203,7 @@ std::vector<float> run_kernel(const char* isa, const Stream& st, const std::vect
   a.group = c.group;
   a.scale = c.scale;
   a.key_mass = key_mass;
+  a.lse = lse;
   a.scratch = scratch.data() + 1;  // deliberately not 64-byte aligned
   if (isa)
     paged_attention_on(isa, st.view(), a);
@@ -402,6 +403,48 @@ TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
     }
     const double expect_total = std::accumulate(ref_mass.begin(), ref_mass.end(), 0.0);
     EXPECT_NEAR(total, expect_total, 1e-4 * expect_total);
+  }
+}
+
+// The log-sum-exp by-product (recall's hot mass): ln sum_j exp(scale q.k_j) over each query row's visible
+// slots, against the double reference; it changes nothing in the output.
+TEST_P(AttentionIsa, LogSumExpMatchesReference) {
+  std::mt19937 rng(4242);
+  for (int i = 0; i < 120; ++i) {
+    static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
+    static constexpr int32_t kPs[] = {1, 4, 16, 32};
+    static constexpr int32_t kGroup[] = {1, 2, 4, 8};
+    static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+    const DType type = kTypes[rng() % 4];
+    const int32_t hd = type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 6];
+    const Config c = random_config(hd, kPs[rng() % 4], kGroup[rng() % 4], type, rng);
+    SCOPED_TRACE(describe(c));
+    Stream st(c, rng);
+    st.fill_random(rng);
+    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
+    const auto q = random_q(c, q_stride, 4.0f, rng);
+    std::vector<float> lse(static_cast<size_t>(c.n_new) * c.group + 1, kNaN);
+    const auto out = run_kernel(GetParam(), st, q, q_stride, nullptr, 3, lse.data());
+    const auto out_plain = run_kernel(GetParam(), st, q, q_stride, nullptr);
+    ASSERT_EQ(0, std::memcmp(out.data(), out_plain.data(), out.size() * sizeof(float)));
+    EXPECT_TRUE(std::isnan(lse.back())) << "written past n_new * group";
+    for (int32_t t = 0; t < c.n_new; ++t)
+      for (int32_t g = 0; g < c.group; ++g) {
+        const int32_t limit = c.n_slots - c.n_new + t + 1;
+        const float* qv = q.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+        std::vector<double> sc(static_cast<size_t>(limit));
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int32_t j = 0; j < limit; ++j) {
+          double dot = 0;
+          for (int32_t d = 0; d < c.hd; ++d) dot += static_cast<double>(qv[d]) * st.k(j)[d];
+          sc[static_cast<size_t>(j)] = dot * c.scale;
+          mx = std::max(mx, sc[static_cast<size_t>(j)]);
+        }
+        double sum = 0;
+        for (double v : sc) sum += std::exp(v - mx);
+        const double want = mx + std::log(sum);
+        ASSERT_NEAR(lse[static_cast<size_t>(t) * c.group + g], want, 1e-4 * (1.0 + std::fabs(want))) << "t " << t << " g " << g;
+      }
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace kvpack::compress {
@@ -70,6 +72,16 @@ std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
 
 void SequenceCompressor::prepare(kv::SequenceKv& kv, BatchItem& item) {
   if (cfg_.enabled() && needs_.key_mass) mass_.prepare(kv, item);
+  // Recall's hot mass for a one-token step comes from the attention kernel (Recall::run's attn_lse), when
+  // its logits are in recall's units (scale 1 / sqrt(head_dim)).
+  attn_lse_fresh_ = false;
+  const float std_scale = 1.0f / std::sqrt(static_cast<float>(mc_.head_dim));
+  if (cfg_.enabled() && recall_.config().enabled && evicted_ != nullptr && item.tokens.size() == 1 &&
+      (mc_.attn_scale <= 0.0f || mc_.attn_scale == std_scale)) {
+    attn_lse_.assign(static_cast<size_t>(mc_.n_layer) * static_cast<size_t>(mc_.n_head), std::numeric_limits<float>::quiet_NaN());
+    item.attn_lse = attn_lse_.data();
+    attn_lse_fresh_ = true;
+  }
 }
 
 void SequenceCompressor::on_query_post_rope(int32_t, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) {
@@ -114,7 +126,8 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   prot_scratch_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
   const int32_t rows = n == 0 ? cfg_.recall.prefill_rows : cfg_.recall.rows;
-  int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
+  int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_, attn_lse_fresh_ ? attn_lse_.data() : nullptr);
+  attn_lse_fresh_ = false;  // exchanges change the hot set: a second run recomputes
   const float guard = cfg_.recall.guard;
   if (guard > 0 && recall_.stats().drift_last > guard) {
     // Recall more: every cold page whose bound passes is read and measured exactly.
@@ -181,6 +194,7 @@ Protection SequenceCompressor::protection(const kv::SequenceKv& kv, int32_t s) c
 
 void SequenceCompressor::compress(kv::SequenceKv& kv) {
   if (!cfg_.enabled()) return;
+  attn_lse_fresh_ = false;  // the hot set changes
   const double t0 = now_s();
   scorer_->score(ScoringInputs{kv, &queries_, needs_.key_mass ? &mass_ : nullptr, qstats_, pool_, frozen_}, scores_);
   const double t1 = now_s();

@@ -138,6 +138,10 @@ class SequenceCompressor : public ForwardObserver {
   Recall recall_;
   int64_t samples_ = 0;  // before_sample calls so far (recomputes excluded)
   bool recomputing_ = false;
+  // The latest one-token forward's attention log-sum-exp per (layer, head), and whether the hot set is still
+  // the one it was computed over (no event or exchange since).
+  std::vector<float> attn_lse_;
+  bool attn_lse_fresh_ = false;
   bool fallen_back_ = false;  // the drift guard restored full KV: no more compression
   std::vector<Protection> prot_scratch_;
   int64_t naive_peak_pages_ = 0;

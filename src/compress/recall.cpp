@@ -50,26 +50,21 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
       float* dst = w.q.data() + static_cast<size_t>(r * group + g) * hd;
       for (int32_t i = 0; i < hd; ++i) dst[i] = src[i] * scale;
     }
-  // Hot logits, per query vector; their log-sum-exp and each slot's best.
-  const kernels::KvStreamView view = kv.view(s);
-  const int32_t n = view.n_slots;
-  std::vector<float> logits(static_cast<size_t>(group) * n);
-  w.lse.assign(static_cast<size_t>(nq), kNegInf);
-  w.slot_max.assign(static_cast<size_t>(n), kNegInf);
-  for (int32_t r = 0; r < n_rows; ++r) {
-    kernels::group_logits(view, w.q.data() + static_cast<size_t>(r * group) * hd, group, 1.0f, logits.data());
+  // The hot mass per query vector: the attention kernel's log-sum-exp of this row when the caller has it
+  // (one row), else from the hot logits, which also give each slot's best (the victim order).
+  bool have_lse = attn_lse_ != nullptr && n_rows == 1;
+  if (have_lse) {
+    w.lse.resize(static_cast<size_t>(nq));
     for (int32_t g = 0; g < group; ++g) {
-      const float* l = logits.data() + static_cast<size_t>(g) * n;
-      float m = kNegInf;
-      for (int32_t j = 0; j < n; ++j) m = std::max(m, l[j]);
-      double sum = 0;
-      for (int32_t j = 0; j < n; ++j) {
-        sum += static_cast<double>(std::exp(l[j] - m));  // f32 exp (<= 0 argument), f64 sum
-        w.slot_max[static_cast<size_t>(j)] = std::max(w.slot_max[static_cast<size_t>(j)], l[j]);
-      }
-      w.lse[static_cast<size_t>(r * group + g)] = m + static_cast<float>(std::log(sum));
+      const float v = attn_lse_[static_cast<size_t>(layer) * mc_.n_head + static_cast<size_t>(kv_head * group + g)];
+      have_lse = have_lse && std::isfinite(v);
+      w.lse[static_cast<size_t>(g)] = v;
     }
   }
+  if (have_lse)
+    w.slot_max.clear();  // computed by settle_stream if this stream exchanges
+  else
+    hot_scores(kv, s, w, true);
   // Cold bounds: log of the bounded share of each page against the hot mass, worst query vector.
   const auto pages = cold.pages(s);
   w.bound.assign(pages.size(), kNegInf);
@@ -99,49 +94,77 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
   });
 }
 
-double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w) {
-  const int32_t hd = mc_.head_dim;
-  const int32_t nq = static_cast<int32_t>(w.lse.size());
-  const auto& pool = kv.pool();
-  const size_t row = pool.slot_bytes();
-  const size_t voff = pool.v_offset();
-  const int32_t ps = pool.config().page_size;
-  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * static_cast<size_t>(ps);
-  stats_.pages_bounded += static_cast<int64_t>(cold.pages(s).size());
+void Recall::hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool lse) const {
+  const int32_t hd = mc_.head_dim, group = mc_.group();
+  const int32_t nq = static_cast<int32_t>(w.q.size() / static_cast<size_t>(hd));
+  const int32_t n_rows = nq / group;
+  const kernels::KvStreamView view = kv.view(s);
+  const int32_t n = view.n_slots;
+  std::vector<float> logits(static_cast<size_t>(group) * n);
+  if (lse) w.lse.assign(static_cast<size_t>(nq), kNegInf);
+  w.slot_max.assign(static_cast<size_t>(n), kNegInf);
+  for (int32_t r = 0; r < n_rows; ++r) {
+    kernels::group_logits(view, w.q.data() + static_cast<size_t>(r * group) * hd, group, 1.0f, logits.data());
+    for (int32_t g = 0; g < group; ++g) {
+      const float* l = logits.data() + static_cast<size_t>(g) * n;
+      for (int32_t j = 0; j < n; ++j) w.slot_max[static_cast<size_t>(j)] = std::max(w.slot_max[static_cast<size_t>(j)], l[j]);
+      if (!lse) continue;
+      float m = kNegInf;
+      for (int32_t j = 0; j < n; ++j) m = std::max(m, l[j]);
+      double sum = 0;
+      for (int32_t j = 0; j < n; ++j) sum += static_cast<double>(std::exp(l[j] - m));  // f32 exp (<= 0 argument), f64 sum
+      w.lse[static_cast<size_t>(r * group + g)] = m + static_cast<float>(std::log(sum));
+    }
+  }
+}
 
-  // Exact shares replace the bounds of the pages read. Per query vector: E = sum of shares.
-  std::vector<double> exact_sum(static_cast<size_t>(nq), 0.0), bound_of_read(static_cast<size_t>(nq), 0.0);
-  struct Candidate {
-    int32_t page;
-    float best;                        // the page's best slot logit (max over query vectors)
-    std::vector<uint8_t> record;
-  };
-  std::vector<Candidate> recall;
-  std::vector<float> k(static_cast<size_t>(ps) * hd);  // one cold page's keys, decoded once
+void Recall::read_stream(kv::EvictedKv& cold, int32_t s, StreamWork& w) {
+  const size_t rec = cold_record_bytes_;
+  stats_.pages_bounded += static_cast<int64_t>(cold.pages(s).size());
+  w.read_pages.clear();
   const float threshold = std::log(cfg_.min_share);
   int32_t reads = 0;
   for (int32_t p : w.order) {
     if ((!read_all_ && reads >= cfg_.max_pages) || w.bound[static_cast<size_t>(p)] < threshold) break;
-    const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
-    record_.resize(pool.record_bytes());
     ++reads;
-    if (!cold.read(s, p, record_)) {
+    const size_t i = w.read_pages.size();
+    if (w.records.size() < (i + 1) * rec) w.records.resize((i + 1) * rec);
+    if (!cold.read(s, p, std::span<uint8_t>(w.records.data() + i * rec, rec))) {
       ++stats_.read_misses;
       continue;
     }
     ++stats_.pages_read;
-    stats_.bytes_read += record_.size();
+    stats_.bytes_read += rec;
+    w.read_pages.push_back(p);
+  }
+}
+
+double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const {
+  const int32_t hd = mc_.head_dim;
+  const int32_t nq = static_cast<int32_t>(w.lse.size());
+  const auto& pool = kv.pool();
+  const size_t row = pool.slot_bytes();
+  const int32_t ps = pool.config().page_size;
+  const size_t rec = cold_record_bytes_;
+  // Exact shares replace the bounds of the pages read. Per query vector: E = sum of shares.
+  std::vector<double> exact_sum(static_cast<size_t>(nq), 0.0), bound_of_read(static_cast<size_t>(nq), 0.0);
+  w.candidates.clear();
+  std::vector<float> k(static_cast<size_t>(ps) * hd);  // one cold page's keys, decoded once
+  for (size_t i = 0; i < w.read_pages.size(); ++i) {
+    const int32_t p = w.read_pages[i];
+    const uint8_t* record = w.records.data() + i * rec;
+    const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
     float best = kNegInf;
     double page_max_share = 0;
     for (int32_t j = 0; j < page.n_slots; ++j)
-      kernels::kv_decode_row(record_.data() + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data() + static_cast<size_t>(j) * hd);
+      kernels::kv_decode_row(record + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data() + static_cast<size_t>(j) * hd);
     for (int32_t v = 0; v < nq; ++v) {
       const float* q = w.q.data() + static_cast<size_t>(v) * hd;
       double share = 0;
       for (int32_t j = 0; j < page.n_slots; ++j) {
         const float* kj = k.data() + static_cast<size_t>(j) * hd;
         float dot = 0;
-        for (int32_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+        for (int32_t d = 0; d < hd; ++d) dot += q[d] * kj[d];
         best = std::max(best, dot);
         share += std::exp(std::min(80.0, static_cast<double>(dot - w.lse[static_cast<size_t>(v)])));
       }
@@ -151,7 +174,7 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
       bound_of_read[static_cast<size_t>(v)] +=
           std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
     }
-    if (page_max_share >= cfg_.min_share) recall.push_back({p, best, record_});
+    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, static_cast<int32_t>(i)});
   }
   // Drift of this stream: the bounded total (score_stream) with the pages read replaced by their exact share.
   double drift = 0;
@@ -159,6 +182,20 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     const double e = std::max(0.0, w.share_sum[static_cast<size_t>(v)] - bound_of_read[static_cast<size_t>(v)]) + exact_sum[static_cast<size_t>(v)];
     drift = std::max(drift, e / (1.0 + e));
   }
+  // The victim order of a stream that will exchange, if the hot mass came from the attention kernel.
+  if (!w.candidates.empty() && cfg_.bring_back && w.slot_max.empty()) hot_scores(kv, s, w, false);
+  return drift;
+}
+
+double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w) {
+  const auto& pool = kv.pool();
+  const size_t row = pool.slot_bytes();
+  const size_t voff = pool.v_offset();
+  const int32_t ps = pool.config().page_size;
+  const size_t rec = cold_record_bytes_;
+  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * static_cast<size_t>(ps);
+  const double drift = w.drift;
+  std::vector<Candidate>& recall = w.candidates;
   if (recall.empty() || !cfg_.bring_back) return drift;
 
   // The exchange: the lowest-scoring unprotected hot slots go down, as many as the recalled pages hold,
@@ -184,9 +221,10 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     // The page must beat the best of the slots it would displace.
     if (w.slot_max[static_cast<size_t>(eligible[next_victim + static_cast<size_t>(need) - 1])] >= c.best) continue;
     for (int32_t j = 0; j < need; ++j) victims.push_back(eligible[next_victim++]);
-    const auto* pos = reinterpret_cast<const int32_t*>(c.record.data() + pos_off);
+    const uint8_t* record = w.records.data() + static_cast<size_t>(c.record) * rec;
+    const auto* pos = reinterpret_cast<const int32_t*>(record + pos_off);
     for (int32_t j = 0; j < need; ++j)
-      inserted.push_back({c.record.data() + static_cast<size_t>(j) * row, c.record.data() + voff + static_cast<size_t>(j) * row, pos[j]});
+      inserted.push_back({record + static_cast<size_t>(j) * row, record + voff + static_cast<size_t>(j) * row, pos[j]});
     recalled_pages.push_back(c.page);
   }
   if (inserted.empty()) return drift;
@@ -256,8 +294,9 @@ int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& compl
 }
 
 int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
-                    int32_t rows_wanted, ThreadPool* pool) {
+                    int32_t rows_wanted, ThreadPool* pool, const float* attn_lse) {
   const double t0 = now_s();
+  attn_lse_ = attn_lse;
   const int64_t before = stats_.slots_recalled;
   for (int32_t l = 0; l < mc_.n_layer; ++l) {
     std::vector<float>& rows = layer_queries_[static_cast<size_t>(l)];
@@ -276,6 +315,19 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   } else {
     for (int32_t s = 0; s < n_streams; ++s) score(s, 0);
   }
+  // Reads on this thread, stream by stream (the tier sees the same requests in the same order whatever the
+  // pool), the exact measurements in parallel, the exchanges again here in stream order.
+  cold_record_bytes_ = kv.pool().record_bytes();
+  for (int32_t s = 0; s < n_streams; ++s)
+    if (!is_frozen(s)) read_stream(cold, s, work_[static_cast<size_t>(s)]);
+  auto measure = [&](int task, int) {
+    if (!is_frozen(task)) work_[static_cast<size_t>(task)].drift = measure_stream(kv, cold, task, work_[static_cast<size_t>(task)]);
+  };
+  if (pool != nullptr) {
+    pool->run(n_streams, measure);
+  } else {
+    for (int32_t s = 0; s < n_streams; ++s) measure(s, 0);
+  }
   double drift_sum = 0;
   int32_t scored = 0;
   keep_tail_ = std::max(1, std::min(rows_wanted, queries.count()));
@@ -290,6 +342,7 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   stats_.drift_max = std::max(stats_.drift_max, stats_.drift_last);
   if (stats_.drift_first < 0) stats_.drift_first = stats_.drift_last;
   stats_.seconds += now_s() - t0;
+  attn_lse_ = nullptr;
   return stats_.slots_recalled - before;
 }
 

@@ -16,8 +16,11 @@
 //      E the evicted mass relative to it — exact for the pages read, the digest bound for the others; a
 //      stream's drift is the largest D over its rows and heads, a check's the mean over streams. The
 //      bound makes it conservative: unread pages count as if their keys sat at the digest corner.
-// No attention probabilities are needed from the kernels; the hot logits are recomputed for the latest
-// query rows only (rows x group x hot slots x head_dim multiply-adds per stream and check).
+// No attention probabilities are needed from the kernels. With one query row and `attn_lse` (the attention
+// kernel's own log-sum-exp of that row over the same hot slots, kernels::AttentionArgs::lse) step 1 takes
+// L(q) from it and computes the hot logits only for the streams that exchange (their victim order);
+// otherwise the hot logits are recomputed for the latest query rows (rows x group x hot slots x head_dim
+// multiply-adds per stream and check).
 //
 // Thread-safety: one per sequence (used by its compressor). The hot scoring and the digest bounds run
 // in parallel over streams on the given pool (read-only); reads from the tier and the exchanges run on
@@ -67,8 +70,11 @@ class Recall {
   // stream s's protection. Evicted slots of the exchange are staged and committed in `cold`.
   // `rows`: the latest query rows to score (at most the window's). Slots of the last `rows` positions
   // are never sent down (the caller may recompute them, see SequenceCompressor::before_sample).
+  // `attn_lse`: nullptr, or [n_layer][n_head] log-sum-exp of the newest query row over the current hot set
+  // (from that row's forward, no compaction or exchange since); used when `rows` is 1 (NaN entries: that
+  // stream recomputes).
   int64_t run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
-              int32_t rows, ThreadPool* pool);
+              int32_t rows, ThreadPool* pool, const float* attn_lse = nullptr);
   const RecallStats& stats() const { return stats_; }
   RecallStats& mutable_stats() { return stats_; }
   // Reads every cold page back into the hot set (the guard's fallback to full KV), merged in position
@@ -78,18 +84,36 @@ class Recall {
   void set_read_all(bool on) { read_all_ = on; }
 
  private:
+  // A cold page read this check whose exact share passes: `record` indexes StreamWork::records.
+  struct Candidate {
+    int32_t page;
+    float best;  // the page's best slot logit (max over query vectors)
+    int32_t record;
+  };
   // Per stream: the scaled query rows of its group, hot results and cold candidates.
   struct StreamWork {
     std::vector<float> q;         // [rows * group][head_dim], pre-scaled by 1/sqrt(d)
     std::vector<float> lse;       // per query row x head: log-sum-exp of the hot logits
-    std::vector<float> slot_max;  // per hot slot: its logit, max over rows and heads
+    std::vector<float> slot_max;  // per hot slot: its logit, max over rows and heads (empty: not computed yet)
     std::vector<float> bound;     // per cold page: max over rows and heads of B_p - L (log share bound)
     std::vector<int32_t> order;   // cold pages by decreasing bound
     std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
     std::vector<float> page_bound;  // [page][query vector]: the digest bound of q.k (kernels::digest_bounds)
+    std::vector<int32_t> read_pages;  // pages read this check (hits), in order
+    std::vector<uint8_t> records;     // their records, one cold record each
+    std::vector<Candidate> candidates;
+    double drift = 0;
   };
   void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
-  // Reads, measures and exchanges for one stream; returns its drift and adds to stats_.
+  // Hot logits of the stream for w.q: each slot's max into w.slot_max and, if `lse`, the log-sum-exp per
+  // query vector into w.lse.
+  void hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool lse) const;
+  // Reads the stream's candidate pages (by decreasing bound, up to max_pages) into w.records; adds to stats_.
+  void read_stream(kv::EvictedKv& cold, int32_t s, StreamWork& w);
+  // Exact shares of the pages read, the stream's drift, the pages worth recalling (w.candidates) and, for a
+  // stream that will exchange, its hot slot scores. Read-only on kv and cold: runs in parallel over streams.
+  double measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
+  // The exchange for one stream (serial); returns its drift (w.drift).
   double settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w);
 
   RecallConfig cfg_;
@@ -98,8 +122,9 @@ class Recall {
   std::vector<std::vector<float>> layer_queries_;  // [layer] recent rows, oldest first
   std::vector<StreamWork> work_;
   std::vector<uint8_t> frozen_;
-  std::vector<uint8_t> record_;                    // one cold page
   int32_t keep_tail_ = 1;
+  const float* attn_lse_ = nullptr;                // this run's (see run())
+  size_t cold_record_bytes_ = 0;                   // the pool's record size, this run
   bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot
 };
 

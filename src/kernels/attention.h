@@ -70,6 +70,10 @@ struct AttentionArgs {
   // Optional: per-slot attention probability mass accumulated over all query tokens and heads
   // (H2O's signal). nullptr = not computed (fast path). Length n_slots; the kernel adds to it.
   float* key_mass = nullptr;
+  // Optional: log-sum-exp of each query row's scaled logits over the slots it saw, ln(sum_j exp(s_j)) with
+  // s_j = scale * q.k_j: lse[t * group + g] for new token t, head g of the group (recall's hot mass, a
+  // by-product of the online softmax: its final max m and sum l give m + ln l). nullptr = not written.
+  float* lse = nullptr;
   // Scratch of at least attention_scratch_floats(...) floats, owned by the caller (no allocation here).
   float* scratch = nullptr;
 };

@@ -170,6 +170,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const float* acc = L.acc + static_cast<size_t>(r) * hdp;
       const float inv = L.l[r] > 0.0f ? 1.0f / L.l[r] : 0.0f;
       for (int32_t d = 0; d < hd; ++d) dst[d] = acc[d] * inv;
+      if (a.lse != nullptr) a.lse[static_cast<int64_t>(t0) * G + r] = L.m[r] + __builtin_logf(L.l[r]);
     }
 
     if (a.key_mass != nullptr) {  // priced path: re-read K, recompute the scores, normalise with final m, l

@@ -264,6 +264,7 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
       a.group = G;
       a.scale = scale;
       a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
+      if (b.attn_lse != nullptr && n == 1) a.lse = b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(head) * G;
       a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
       kernels::paged_attention(view, a);
     }

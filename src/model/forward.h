@@ -38,6 +38,10 @@ struct BatchItem {
   bool all_logits = false;
   float* key_mass = nullptr;        // optional H2O statistic: [n_streams][max slots] (see paged_attention)
   int64_t key_mass_stride = 0;      // floats between streams in key_mass
+  // Optional (one-token items only): [n_layer][n_head] log-sum-exp of each query head's scaled logits over
+  // the slots it attended (kernels::AttentionArgs::lse), for recall's hot mass. Layers that took the
+  // sliding-window path leave their entries unwritten.
+  float* attn_lse = nullptr;
 };
 
 class Forward {

@@ -1,0 +1,174 @@
+// Recall's hot mass from the attention kernel (Recall::run's attn_lse): a one-row check that takes each
+// head's log-sum-exp from paged_attention's by-product must read, recall and exchange the same pages and
+// report the same drift as the check that recomputes the hot logits itself; NaN entries (a layer the
+// kernel did not write) fall back to the recomputation bit for bit. Real pieces: a page pool, a sequence's
+// streams, evictions into a host cold tier with their digests, the query window.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "compress/query_window.h"
+#include "compress/recall.h"
+#include "kernels/attention.h"
+#include "kv/cold_tier_host.h"
+#include "kv/evicted_kv.h"
+#include "kv/page_pool.h"
+#include "kv/sequence_kv.h"
+#include "model/model.h"
+
+using namespace kvpack;
+
+namespace {
+
+constexpr int32_t kLayers = 2, kHeads = 4, kKvHeads = 2, kHd = 32, kSlots = 400, kKeepRandom = 60;
+
+ModelConfig model_config() {
+  ModelConfig m;
+  m.n_layer = kLayers;
+  m.n_head = kHeads;
+  m.n_head_kv = kKvHeads;
+  m.head_dim = kHd;
+  m.n_embd = kHeads * kHd;
+  return m;
+}
+
+// One sequence, compressed once into the cold tier, and the newest query row; built the same way from a
+// seed every time, so two copies can be checked with and without attn_lse.
+struct State {
+  kv::PagePool pool;
+  kv::HostColdTier tier;
+  std::unique_ptr<kv::SequenceKv> kv;
+  std::unique_ptr<kv::EvictedKv> cold;
+  compress::QueryWindow queries;
+  std::vector<float> q;  // [n_head][head_dim], post-RoPE as the window holds it
+
+  static kv::PoolConfig pool_config() {
+    kv::PoolConfig c;
+    c.page_size = 8;
+    c.head_dim = kHd;
+    c.kv_type = DType::F16;
+    c.max_pages = 1024;
+    return c;
+  }
+
+  explicit State(uint64_t seed)
+      : pool(pool_config()), tier(64 << 20, pool.record_bytes()), queries(kLayers, kHeads * kHd, 4) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    kv = std::make_unique<kv::SequenceKv>(pool, kLayers, kKvHeads);
+    EXPECT_TRUE(kv->append(kSlots, 0));
+    const int32_t streams = kLayers * kKvHeads;
+    std::vector<float> row(kHd);
+    std::vector<std::vector<float>> keys(static_cast<size_t>(streams) * kSlots, std::vector<float>(kHd));
+    for (int32_t s = 0; s < streams; ++s)
+      for (int32_t j = 0; j < kSlots; ++j) {
+        auto& k = keys[static_cast<size_t>(s) * kSlots + j];
+        for (float& x : k) x = nd(rng);
+        kernels::kv_encode_row(k.data(), DType::F16, kHd, kv->k_slot(s, j));
+        for (float& x : row) x = nd(rng);
+        kernels::kv_encode_row(row.data(), DType::F16, kHd, kv->v_slot(s, j));
+      }
+    // Evict all but 4 sinks, a random 60 and the last 32, per stream.
+    cold = std::make_unique<kv::EvictedKv>(tier, pool, seed, streams);
+    std::vector<std::vector<int32_t>> evicted(static_cast<size_t>(streams));
+    for (int32_t s = 0; s < streams; ++s) {
+      std::vector<uint8_t> keep_mask(kSlots, 0);
+      for (int32_t j = 0; j < 4; ++j) keep_mask[static_cast<size_t>(j)] = 1;
+      for (int32_t j = kSlots - 32; j < kSlots; ++j) keep_mask[static_cast<size_t>(j)] = 1;
+      for (int32_t i = 0; i < kKeepRandom; ++i) keep_mask[4 + rng() % (kSlots - 36)] = 1;
+      std::vector<int32_t> keep;
+      for (int32_t j = 0; j < kSlots; ++j) (keep_mask[static_cast<size_t>(j)] ? keep : evicted[static_cast<size_t>(s)]).push_back(j);
+      cold->add(*kv, s, keep);
+      kv->compact_stream(s, keep);
+    }
+    cold->commit();
+    // The newest query of each layer: per head a blend of noise and 3x an evicted key of its stream, so some
+    // cold pages hold a real share of the mass (recall has something to find), others none.
+    for (int32_t l = 0; l < kLayers; ++l) {
+      std::vector<float> qrow(static_cast<size_t>(kHeads) * kHd);
+      for (int32_t h = 0; h < kHeads; ++h) {
+        const int32_t s = l * kKvHeads + h / (kHeads / kKvHeads);
+        const auto& ev = evicted[static_cast<size_t>(s)];
+        const auto& k = keys[static_cast<size_t>(s) * kSlots + ev[rng() % ev.size()]];
+        for (int32_t d = 0; d < kHd; ++d) qrow[static_cast<size_t>(h) * kHd + d] = 0.5f * nd(rng) + 3.0f * k[static_cast<size_t>(d)];
+      }
+      queries.on_query(l, qrow.data(), 1, kHeads * kHd);
+      q.insert(q.end(), qrow.begin(), qrow.end());
+    }
+  }
+
+  // What the forward's attention would report for that row over the hot set: [layer][head].
+  std::vector<float> attention_lse() const {
+    std::vector<float> lse(static_cast<size_t>(kLayers) * kHeads);
+    const int32_t G = kHeads / kKvHeads;
+    std::vector<float> out(static_cast<size_t>(G) * kHd);
+    std::vector<float> scratch(kernels::attention_scratch_floats(1, G, kHd, pool.config().page_size));
+    for (int32_t l = 0; l < kLayers; ++l)
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        kernels::AttentionArgs a;
+        a.q = q.data() + (static_cast<size_t>(l) * kHeads + static_cast<size_t>(h) * G) * kHd;
+        a.out = out.data();
+        a.group = G;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+        a.lse = lse.data() + static_cast<size_t>(l) * kHeads + static_cast<size_t>(h) * G;
+        a.scratch = scratch.data();
+        kernels::paged_attention(kv->view(kv->stream_index(l, h)), a);
+      }
+    return lse;
+  }
+
+  std::vector<std::vector<int32_t>> hot_positions() const {
+    std::vector<std::vector<int32_t>> p(static_cast<size_t>(kLayers) * kKvHeads);
+    for (int32_t s = 0; s < kLayers * kKvHeads; ++s)
+      for (int32_t j = 0; j < kv->n_slots(s); ++j) p[static_cast<size_t>(s)].push_back(kv->position(s, j));
+    return p;
+  }
+};
+
+compress::RecallConfig recall_config() {
+  compress::RecallConfig c;
+  c.enabled = true;
+  c.max_pages = 6;
+  c.min_share = 0.02f;
+  return c;
+}
+
+}  // namespace
+
+TEST(RecallAttentionLse, SameReadsExchangesAndDriftAsRecomputing) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    const std::vector<compress::Protection> prot(static_cast<size_t>(kLayers) * kKvHeads, compress::Protection{4, 8, 0});
+    State a(seed), b(seed);
+    compress::Recall ra(recall_config(), model_config()), rb(recall_config(), model_config());
+    const int64_t got_a = ra.run(*a.kv, *a.cold, a.queries, prot, 1, nullptr);
+    const std::vector<float> lse = b.attention_lse();
+    for (float v : lse) ASSERT_TRUE(std::isfinite(v));
+    const int64_t got_b = rb.run(*b.kv, *b.cold, b.queries, prot, 1, nullptr, lse.data());
+    EXPECT_GT(ra.stats().pages_read, 0) << "the fixture should give recall something to read";
+    EXPECT_GT(got_a, 0) << "and something to bring back";
+    EXPECT_EQ(got_a, got_b);
+    EXPECT_EQ(ra.stats().pages_read, rb.stats().pages_read);
+    EXPECT_EQ(ra.stats().pages_recalled, rb.stats().pages_recalled);
+    EXPECT_EQ(a.hot_positions(), b.hot_positions()) << "the same slots came back and went down";
+    EXPECT_GT(ra.stats().drift_last, 0.0);
+    EXPECT_NEAR(ra.stats().drift_last, rb.stats().drift_last, 1e-5 * ra.stats().drift_last);
+  }
+}
+
+TEST(RecallAttentionLse, NaNEntriesFallBackToRecomputingExactly) {
+  const std::vector<compress::Protection> prot(static_cast<size_t>(kLayers) * kKvHeads, compress::Protection{4, 8, 0});
+  State a(7), b(7);
+  compress::Recall ra(recall_config(), model_config()), rb(recall_config(), model_config());
+  ra.run(*a.kv, *a.cold, a.queries, prot, 1, nullptr);
+  const std::vector<float> nan(static_cast<size_t>(kLayers) * kHeads, std::numeric_limits<float>::quiet_NaN());
+  rb.run(*b.kv, *b.cold, b.queries, prot, 1, nullptr, nan.data());
+  EXPECT_EQ(ra.stats().pages_read, rb.stats().pages_read);
+  EXPECT_EQ(ra.stats().pages_recalled, rb.stats().pages_recalled);
+  EXPECT_EQ(ra.stats().drift_last, rb.stats().drift_last);  // bit for bit: the same computation
+  EXPECT_EQ(a.hot_positions(), b.hot_positions());
+}
