@@ -169,8 +169,9 @@ TEST(KernelsKeyScoring, GroupLogitsEveryIsaPathMatchesScalar) {
 // digest_bounds: the scalar path is the element-order formula bitwise; every path bounds q.k of every
 // key the digest covers (a min/max box of random keys) and agrees with scalar to rounding.
 TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
-  for (int32_t hd : {16, 24, 64, 128}) {
-    const int32_t n_pages = 11, per_page = 5, nq = 3;
+  for (int32_t hd : {16, 24, 64, 128})
+  for (int32_t nq : {1, 2, 3, 4, 5, 9}) {  // the AVX-512 path takes queries 4 at a time, then 3 / 2 / 1
+    const int32_t n_pages = 11, per_page = 5;
     std::vector<float> keys = normals(static_cast<size_t>(n_pages * per_page * hd), 23);
     std::vector<float> digests(static_cast<size_t>(n_pages) * 2 * hd);
     for (int32_t p = 0; p < n_pages; ++p)
