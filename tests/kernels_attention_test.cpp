@@ -256,6 +256,17 @@ Config random_config(int32_t hd, int32_t ps, int32_t group, DType type, std::mt1
   return c;
 }
 
+// A random case of any type, head dim, page size and group (the property tests' sampler).
+Config random_case(std::mt19937& rng) {
+  static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
+  static constexpr int32_t kPs[] = {1, 4, 16, 32};
+  static constexpr int32_t kGroup[] = {1, 2, 4, 8};
+  static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+  const DType type = kTypes[rng() % 4];
+  const int32_t hd = type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 6];
+  return random_config(hd, kPs[rng() % 4], kGroup[rng() % 4], type, rng);
+}
+
 // Head dims per type: Q8_0 rows are whole 32-element blocks.
 std::vector<int32_t> head_dims(DType type) {
   if (type == DType::Q8_0) return {32, 64, 96, 128, 160, 256};
@@ -370,21 +381,27 @@ TEST_P(AttentionIsa, LongDecodeMatchesReference) {
   std::printf("[%s] long decode: max |out - ref| = %.3g\n", GetParam(), worst);
 }
 
+// random_case, its stream filled with random K/V and dense q rows (sigma 4).
+struct RandomCase {
+  Config c;
+  Stream st;
+  int64_t q_stride;
+  std::vector<float> q;
+  explicit RandomCase(std::mt19937& rng) : c(random_case(rng)), st(c, rng), q_stride(static_cast<int64_t>(c.group) * c.hd) {
+    st.fill_random(rng);
+    q = random_q(c, q_stride, 4.0f, rng);
+  }
+};
+
 TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
   std::mt19937 rng(777);
   for (int i = 0; i < 120; ++i) {
-    static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
-    static constexpr int32_t kPs[] = {1, 4, 16, 32};
-    static constexpr int32_t kGroup[] = {1, 2, 4, 8};
-    static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
-    const DType type = kTypes[rng() % 4];
-    const int32_t hd = type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 6];
-    const Config c = random_config(hd, kPs[rng() % 4], kGroup[rng() % 4], type, rng);
+    const RandomCase rc(rng);
+    const Config& c = rc.c;
+    const Stream& st = rc.st;
+    const int64_t q_stride = rc.q_stride;
+    const std::vector<float>& q = rc.q;
     SCOPED_TRACE(describe(c));
-    Stream st(c, rng);
-    st.fill_random(rng);
-    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
-    const auto q = random_q(c, q_stride, 4.0f, rng);
     // key_mass starts non-zero: the kernel must add to it.
     std::vector<float> mass(c.n_slots);
     for (auto& m : mass) m = static_cast<float>(rng() % 4);
@@ -411,18 +428,9 @@ TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
 TEST_P(AttentionIsa, LogSumExpMatchesReference) {
   std::mt19937 rng(4242);
   for (int i = 0; i < 120; ++i) {
-    static constexpr int32_t kHd[] = {8, 16, 32, 64, 80, 128};
-    static constexpr int32_t kPs[] = {1, 4, 16, 32};
-    static constexpr int32_t kGroup[] = {1, 2, 4, 8};
-    static constexpr DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
-    const DType type = kTypes[rng() % 4];
-    const int32_t hd = type == DType::Q8_0 ? 32 * (1 + static_cast<int32_t>(rng() % 4)) : kHd[rng() % 6];
-    const Config c = random_config(hd, kPs[rng() % 4], kGroup[rng() % 4], type, rng);
+    const RandomCase rc(rng);
+    const auto& [c, st, q_stride, q] = rc;
     SCOPED_TRACE(describe(c));
-    Stream st(c, rng);
-    st.fill_random(rng);
-    const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd;
-    const auto q = random_q(c, q_stride, 4.0f, rng);
     std::vector<float> lse(static_cast<size_t>(c.n_new) * c.group + 1, kNaN);
     const auto out = run_kernel(GetParam(), st, q, q_stride, nullptr, 3, lse.data());
     const auto out_plain = run_kernel(GetParam(), st, q, q_stride, nullptr);

@@ -94,6 +94,32 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
   return steps;
 }
 
+// Step times of both engines over `rounds` rounds of up to round_steps steps (decode_tokens in all), the
+// engines alternating (order flipping each round), one warm-up step per engine per round (warmup_steps in
+// the first), so load changes on a shared machine hit both alike. `kv(warm, n)` and `peer(warm, n)` run one
+// engine's round and return its timed step times; peer is skipped without a llama.cpp peer.
+struct AlternatedSteps {
+  std::vector<double> kvpack, llama;
+};
+template <class KvRound, class PeerRound>
+AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, KvRound&& kv, PeerRound&& peer) {
+  AlternatedSteps out;
+  for (int32_t r = 0; r < rounds; ++r) {
+    const int32_t n = std::min(b.round_steps, b.decode_tokens - r * b.round_steps);
+    const int32_t warm = r == 0 ? b.warmup_steps : 1;
+    for (int k = 0; k < 2; ++k) {
+      if ((r + k) % 2 == 0) {
+        const std::vector<double> v = kv(warm, n);
+        out.kvpack.insert(out.kvpack.end(), v.begin(), v.end());
+      } else if (has_peer) {
+        const std::vector<double> v = peer(warm, n);
+        out.llama.insert(out.llama.end(), v.begin(), v.end());
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void add_bench_peer(CLI::App& bench) {
@@ -316,25 +342,15 @@ void add_bench_peer(CLI::App& bench) {
           extra += s;
         }
       }
-      // Rounds of --round-steps steps, the engines alternating (order flipping each round), one warm-up
-      // step per engine per round (two in the first), so load changes on a shared machine hit both alike.
       const int32_t rounds = (b->decode_tokens + b->round_steps - 1) / b->round_steps;
       std::fprintf(stderr, "[bench] decode at depth %d: %d rounds of up to %d steps, kvpack and llama.cpp alternating\n", depth, rounds,
                    b->round_steps);
-      std::vector<double> ksteps, lsteps;
-      for (int32_t r = 0; r < rounds; ++r) {
-        const int32_t n = std::min(b->round_steps, b->decode_tokens - r * b->round_steps);
-        const int32_t warm = r == 0 ? b->warmup_steps : 1;
-        for (int k = 0; k < 2; ++k) {
-          if ((r + k) % 2 == 0) {
-            const auto v = kvpack_decode_steps(engine, *seq, warm, n, r2);
-            ksteps.insert(ksteps.end(), v.begin(), v.end());
-          } else if (peer.peer) {
-            const json j = peer.peer->request({{"cmd", "steps"}, {"n", n}, {"warmup", warm}});
-            for (double x : j["steps"].get<std::vector<double>>()) lsteps.push_back(x);
-          }
-        }
-      }
+      const AlternatedSteps st = alternate_rounds(
+          *b, rounds, peer.peer != nullptr, [&](int32_t warm, int32_t n) { return kvpack_decode_steps(engine, *seq, warm, n, r2); },
+          [&](int32_t warm, int32_t n) {
+            return peer.peer->request({{"cmd", "steps"}, {"n", n}, {"warmup", warm}})["steps"].get<std::vector<double>>();
+          });
+      const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       const double kv_tps = 1.0 / median(ksteps);
       const double ll_tps = lsteps.empty() ? 0.0 : 1.0 / median(lsteps);
       synth.reset();
@@ -445,23 +461,21 @@ void add_bench_peer(CLI::App& bench) {
       const int32_t rounds = (b->decode_tokens + b->round_steps - 1) / b->round_steps;
       std::fprintf(stderr, "[bench] batched decode, %d sequences at %d tokens: %d rounds of up to %d steps, alternating\n", N, D, rounds,
                    b->round_steps);
-      std::vector<double> ksteps, lsteps;
-      for (int32_t r = 0; r < rounds; ++r) {
-        const int32_t n = std::min(b->round_steps, b->decode_tokens - r * b->round_steps);
-        const int32_t warm = r == 0 ? b->warmup_steps : 1;
-        for (int k = 0; k < 2; ++k) {
-          if ((r + k) % 2 == 0) {
+      const AlternatedSteps st = alternate_rounds(
+          *b, rounds, peer.peer != nullptr,
+          [&](int32_t warm, int32_t n) {
+            std::vector<double> v;
             for (int32_t i = 0; i < warm + n; ++i) {
               const double t0 = now_s();
               round();
-              if (i >= warm) ksteps.push_back(now_s() - t0);
+              if (i >= warm) v.push_back(now_s() - t0);
             }
-          } else if (peer.peer) {
-            const json j = peer.peer->request({{"cmd", "batchSteps"}, {"n", n}, {"warmup", warm}});
-            for (double x : j["rounds"].get<std::vector<double>>()) lsteps.push_back(x);
-          }
-        }
-      }
+            return v;
+          },
+          [&](int32_t warm, int32_t n) {
+            return peer.peer->request({{"cmd", "batchSteps"}, {"n", n}, {"warmup", warm}})["rounds"].get<std::vector<double>>();
+          });
+      const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       if (peer.peer) peer.peer->request({{"cmd", "batchClose"}});
       seqs.clear();
       const double kv_tps = N / median(ksteps);
