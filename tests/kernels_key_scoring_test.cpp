@@ -17,6 +17,7 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
 #include "kernels/key_scoring.h"
+#include "util/half.h"
 
 namespace kvpack::kernels {
 namespace {
@@ -166,14 +167,16 @@ TEST(KernelsKeyScoring, GroupLogitsEveryIsaPathMatchesScalar) {
   }
 }
 
-// digest_bounds: the scalar path is the element-order formula bitwise; every path bounds q.k of every
-// key the digest covers (a min/max box of random keys) and agrees with scalar to rounding.
+// digest_bounds: the scalar path is the element-order formula bitwise (on the f16 box widened to f32); every
+// path bounds q.k of every key the digest covers (a min/max box of random keys, minima rounded down and
+// maxima up to f16 as kv::EvictedKv stores them) and agrees with scalar to rounding.
 TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
   for (int32_t hd : {16, 24, 64, 128})
   for (int32_t nq : {1, 2, 3, 4, 5, 9}) {  // the AVX-512 path takes queries 4 at a time, then 3 / 2 / 1
     const int32_t n_pages = 11, per_page = 5;
     std::vector<float> keys = normals(static_cast<size_t>(n_pages * per_page * hd), 23);
-    std::vector<float> digests(static_cast<size_t>(n_pages) * 2 * hd);
+    std::vector<float> digests(static_cast<size_t>(n_pages) * 2 * hd);  // the f16 box, widened
+    std::vector<uint16_t> halves(digests.size());
     for (int32_t p = 0; p < n_pages; ++p)
       for (int32_t e = 0; e < hd; ++e) {
         float lo = INFINITY, hi = -INFINITY;
@@ -182,12 +185,16 @@ TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
           lo = std::min(lo, x);
           hi = std::max(hi, x);
         }
-        digests[static_cast<size_t>(p * 2 * hd + e)] = lo;
-        digests[static_cast<size_t>(p * 2 * hd + hd + e)] = hi;
+        halves[static_cast<size_t>(p * 2 * hd + e)] = f32_to_fp16_floor(lo);
+        halves[static_cast<size_t>(p * 2 * hd + hd + e)] = f32_to_fp16_ceil(hi);
+        digests[static_cast<size_t>(p * 2 * hd + e)] = fp16_to_f32(halves[static_cast<size_t>(p * 2 * hd + e)]);
+        digests[static_cast<size_t>(p * 2 * hd + hd + e)] = fp16_to_f32(halves[static_cast<size_t>(p * 2 * hd + hd + e)]);
+        ASSERT_LE(digests[static_cast<size_t>(p * 2 * hd + e)], lo);
+        ASSERT_GE(digests[static_cast<size_t>(p * 2 * hd + hd + e)], hi);
       }
     const std::vector<float> q = normals(static_cast<size_t>(nq * hd), 24);
     std::vector<float> want(static_cast<size_t>(n_pages) * nq);
-    digest_bounds_on(Isa::Scalar, q.data(), nq, hd, digests.data(), n_pages, want.data());
+    digest_bounds_on(Isa::Scalar, q.data(), nq, hd, halves.data(), n_pages, want.data());
     for (int32_t p = 0; p < n_pages; ++p)
       for (int32_t v = 0; v < nq; ++v) {
         float b = 0;
@@ -200,7 +207,7 @@ TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
     for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
       if (!cpu_supports(isa, kKeyScoringIsa)) continue;
       std::vector<float> got(want.size());
-      digest_bounds_on(isa, q.data(), nq, hd, digests.data(), n_pages, got.data());
+      digest_bounds_on(isa, q.data(), nq, hd, halves.data(), n_pages, got.data());
       for (int32_t p = 0; p < n_pages; ++p)
         for (int32_t v = 0; v < nq; ++v) {
           double mag = 0;

@@ -65,7 +65,7 @@ void group_logits_on(Isa isa, const KvStreamView& kv, const float* q, int32_t gr
     ks_detail::group_logits_scalar(kv, q, group, scale, out);
 }
 
-void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out) {
+void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out) {
   if (nq < 0 || head_dim <= 0 || n_pages < 0 || (n_pages > 0 && nq > 0 && (q == nullptr || digests == nullptr || out == nullptr)))
     throw std::invalid_argument("digest_bounds: invalid arguments");
   if (!cpu_supports(isa, kKeyScoringIsa))
@@ -76,7 +76,7 @@ void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, con
     ks_detail::digest_bounds_scalar(q, nq, head_dim, digests, n_pages, out);
 }
 
-void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out) {
+void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out) {
   digest_bounds_on(selected_isa(kKeyScoringIsa), q, nq, head_dim, digests, n_pages, out);
 }
 

@@ -56,10 +56,10 @@ void group_logits(const KvStreamView& kv, const float* q, int32_t group, float s
 // The same on an explicitly chosen path (tests); throws std::invalid_argument if this CPU cannot run it.
 void group_logits_on(Isa isa, const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
 
-// Quest's page bound for recall (kv/evicted_kv.h): digests = n_pages x [head_dim minima, head_dim maxima];
-// out[p * nq + v] = Σ_i max(q_v[i] * min_p[i], q_v[i] * max_p[i]), q_v = q + v * head_dim, for v < nq.
-void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out);
-void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const float* digests, int32_t n_pages, float* out);
+// Quest's page bound for recall (kv/evicted_kv.h): digests = n_pages x [head_dim minima, head_dim maxima],
+// f16 bits; out[p * nq + v] = Σ_i max(q_v[i] * min_p[i], q_v[i] * max_p[i]), q_v = q + v * head_dim, v < nq.
+void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out);
+void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out);
 
 // R-KV redundancy (triattention repo baselines/utils.py cal_similarity, sliced [:, :-w]): C = cosine
 // similarity of all n keys (zero diagonal); each row's newest near-duplicate (cos > 0.5) is exempted

@@ -56,16 +56,17 @@ void group_logits_avx512(const KvStreamView& kv, const float* q, int32_t group, 
   }
 }
 
-void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const float* digests, int32_t n_pages, float* out) {
+void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out) {
+  auto half16 = [](const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
   for (int32_t p = 0; p < n_pages; ++p) {
-    const float* mn = digests + static_cast<long>(p) * 2 * hd;
-    const float* mx = mn + hd;
+    const uint16_t* mn = digests + static_cast<long>(p) * 2 * hd;
+    const uint16_t* mx = mn + hd;
     for (int32_t v = 0; v < nq; ++v) {
       const float* qv = q + static_cast<long>(v) * hd;
       __m512 acc = _mm512_setzero_ps();
       for (int32_t i = 0; i < hd; i += 16) {
         const __m512 x = _mm512_loadu_ps(qv + i);
-        acc = _mm512_add_ps(acc, _mm512_max_ps(_mm512_mul_ps(x, _mm512_loadu_ps(mn + i)), _mm512_mul_ps(x, _mm512_loadu_ps(mx + i))));
+        acc = _mm512_add_ps(acc, _mm512_max_ps(_mm512_mul_ps(x, half16(mn + i)), _mm512_mul_ps(x, half16(mx + i))));
       }
       out[static_cast<long>(p) * nq + v] = _mm512_reduce_add_ps(acc);
     }

@@ -6,6 +6,7 @@
 
 #include "kernels/key_scoring_internal.h"
 #include "kernels/ops.h"
+#include "util/half.h"
 
 namespace kvpack::kernels::ks_detail {
 namespace {
@@ -95,9 +96,12 @@ void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, 
   });
 }
 
-void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const float* digests, int32_t n_pages, float* out) {
+void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out) {
+  std::vector<float> box(2 * static_cast<size_t>(hd));
   for (int32_t p = 0; p < n_pages; ++p) {
-    const float* mn = digests + static_cast<size_t>(p) * 2 * hd;
+    const uint16_t* d = digests + static_cast<size_t>(p) * 2 * hd;
+    for (size_t i = 0; i < box.size(); ++i) box[i] = fp16_to_f32(d[i]);
+    const float* mn = box.data();
     const float* mx = mn + hd;
     for (int32_t v = 0; v < nq; ++v) {
       const float* qv = q + static_cast<size_t>(v) * hd;

@@ -8,6 +8,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "util/half.h"
+
 namespace kvpack::kv {
 
 namespace {
@@ -37,7 +39,7 @@ EvictedKv::EvictedKv(ColdTier& tier, const PagePool& pool, uint64_t uid, int32_t
       page_size_(pool.config().page_size),
       kv_type_(pool.config().kv_type),
       streams_(static_cast<size_t>(n_streams)),
-      row_(static_cast<size_t>(pool.config().head_dim)) {
+      row_(static_cast<size_t>(pool.config().head_dim)), box_(2 * static_cast<size_t>(pool.config().head_dim)) {
   if (tier.record_bytes() != pool.record_bytes())
     throw std::invalid_argument("EvictedKv: cold tier records are not KV page records");
 }
@@ -56,8 +58,17 @@ void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_
   const size_t hd = static_cast<size_t>(head_dim_);
 
   uint8_t* rec = nullptr;
-  float* mn = nullptr;
-  float* mx = nullptr;
+  float* mn = box_.data();
+  float* mx = mn + hd;
+  // The open page's box (f32, in box_) goes into its f16 digest, minima rounded down, maxima up.
+  size_t digest_at = 0;
+  auto close_box = [&] {
+    uint16_t* d = st.digests.data() + digest_at;
+    for (size_t i = 0; i < hd; ++i) {
+      d[i] = f32_to_fp16_floor(mn[i]);
+      d[hd + i] = f32_to_fp16_ceil(mx[i]);
+    }
+  };
   int32_t in_record = 0;
   size_t k = 0;  // next index into keep
   for (int32_t slot = 0; slot < n; ++slot) {
@@ -66,14 +77,14 @@ void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_
       continue;
     }
     if (rec == nullptr || in_record == page_size_) {  // open a new record (page)
+      if (rec != nullptr) close_box();
       stage_.resize(stage_.size() + record);
       rec = stage_.data() + stage_.size() - record;
       std::memset(rec, 0, record);
       std::fill_n(reinterpret_cast<int32_t*>(rec + pos_off), page_size_, -1);
       st.pages.push_back(EvictedPage{evicted_key(uid_, next_record_++), 0, 0, 0, false});
+      digest_at = st.digests.size();
       st.digests.resize(st.digests.size() + 2 * hd);
-      mn = st.digests.data() + st.digests.size() - 2 * hd;
-      mx = mn + hd;
       std::fill_n(mn, hd, std::numeric_limits<float>::infinity());
       std::fill_n(mx, hd, -std::numeric_limits<float>::infinity());
       staged_.push_back({stream, static_cast<int32_t>(st.pages.size()) - 1});
@@ -96,6 +107,7 @@ void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_
     ++page.n_slots;
     ++in_record;
   }
+  if (rec != nullptr) close_box();
 }
 
 std::unique_ptr<EvictedKv> EvictedKv::fork(uint64_t uid) const {
@@ -144,21 +156,20 @@ void EvictedKv::commit() {
   staged_.clear();
   stage_.clear();
   uint64_t digest = 0;
-  for (const Stream& s : streams_) digest += s.digests.size() * sizeof(float);
+  for (const Stream& s : streams_) digest += s.digests.size() * sizeof(uint16_t);
   stats_.digest_bytes = digest;
 }
 
-std::span<const float> EvictedKv::digest(int32_t stream, int32_t page) const {
+std::span<const uint16_t> EvictedKv::digest(int32_t stream, int32_t page) const {
   const size_t hd = static_cast<size_t>(head_dim_);
-  return std::span<const float>(streams_[static_cast<size_t>(stream)].digests).subspan(static_cast<size_t>(page) * 2 * hd, 2 * hd);
+  return std::span<const uint16_t>(streams_[static_cast<size_t>(stream)].digests).subspan(static_cast<size_t>(page) * 2 * hd, 2 * hd);
 }
 
 float EvictedKv::upper_bound(int32_t stream, int32_t page, const float* q) const {
-  const std::span<const float> d = digest(stream, page);
-  const float* mn = d.data();
-  const float* mx = d.data() + head_dim_;
+  const std::span<const uint16_t> d = digest(stream, page);
   float bound = 0.0f;
-  for (int32_t i = 0; i < head_dim_; ++i) bound += std::max(q[i] * mn[i], q[i] * mx[i]);
+  for (int32_t i = 0; i < head_dim_; ++i)
+    bound += std::max(q[i] * fp16_to_f32(d[static_cast<size_t>(i)]), q[i] * fp16_to_f32(d[static_cast<size_t>(head_dim_ + i)]));
   return bound;
 }
 

@@ -16,8 +16,10 @@
 // needed for correctness of the hot KV — a lost cold page only means recall cannot bring it back.
 // The destructor erases the sequence's records from the tier.
 //
-// Cost: the digest is 2 * head_dim floats per cold page per stream (1 KiB at head_dim 128 against an
-// 8 KiB f16 page: 1/8 of the evicted bytes stay hot); figures in stats().
+// Cost: the digest is 2 * head_dim halves per cold page per stream (512 B at head_dim 128 against an 8 KiB
+// f16 page: 1/16 of the evicted bytes stay hot); figures in stats(). The minima are rounded down and the
+// maxima up to f16 (f32_to_fp16_floor / _ceil), so the box still holds every key and the bound stays a
+// bound; with f16 keys (the default KV type) the box is exact.
 // Thread-safety: one owner (the sequence's thread); the tier is thread-safe.
 #pragma once
 #include <cstdint>
@@ -72,10 +74,10 @@ class EvictedKv {
   int32_t n_streams() const { return static_cast<int32_t>(streams_.size()); }
   int32_t head_dim() const { return head_dim_; }
   std::span<const EvictedPage> pages(int32_t stream) const { return streams_[static_cast<size_t>(stream)].pages; }
-  // The digest of page `page` of `stream`: head_dim minima, then head_dim maxima.
-  std::span<const float> digest(int32_t stream, int32_t page) const;
-  // Every page's digest of `stream`, page after page (pages(stream).size() x 2 * head_dim floats).
-  std::span<const float> digests(int32_t stream) const { return streams_[static_cast<size_t>(stream)].digests; }
+  // The digest of page `page` of `stream`: head_dim minima, then head_dim maxima, as f16 bits.
+  std::span<const uint16_t> digest(int32_t stream, int32_t page) const;
+  // Every page's digest of `stream`, page after page (pages(stream).size() x 2 * head_dim halves).
+  std::span<const uint16_t> digests(int32_t stream) const { return streams_[static_cast<size_t>(stream)].digests; }
   // sum_i max(q_i * min_i, q_i * max_i): no slot of the page has q.k above it (q: head_dim floats).
   float upper_bound(int32_t stream, int32_t page, const float* q) const;
   // Reads the record of a cold page (pool().record_bytes() bytes) into `out`; false when the tier no
@@ -93,7 +95,7 @@ class EvictedKv {
  private:
   struct Stream {
     std::vector<EvictedPage> pages;
-    std::vector<float> digests;  // 2 * head_dim per page
+    std::vector<uint16_t> digests;  // 2 * head_dim f16 per page
   };
   struct Staged {
     int32_t stream;
@@ -113,6 +115,7 @@ class EvictedKv {
   std::vector<uint64_t> stage_keys_;
   std::vector<const uint8_t*> stage_ptrs_;
   std::vector<float> row_;  // one decoded key
+  std::vector<float> box_;  // the open page's minima and maxima in f32 while add() fills it
   EvictedStats stats_;
 };
 

@@ -61,6 +61,26 @@ inline uint16_t f32_to_fp16(float f) {
 
 inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
 
+// Directed f32 -> f16: the largest half <= f / the smallest half >= f (f finite; beyond the half range they
+// give +-65504 or +-inf on the side that keeps the inequality). NaN: as f32_to_fp16. Used where a rounded
+// value must stay a bound (recall's key digests: minima down, maxima up).
+inline uint16_t fp16_step_down(uint16_t h) {
+  if (h == 0x0000u) return 0x8001u;  // +0 -> the smallest negative subnormal
+  return (h & 0x8000u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+inline uint16_t fp16_step_up(uint16_t h) {
+  if (h == 0x8000u) return 0x0001u;  // -0 -> the smallest positive subnormal
+  return (h & 0x8000u) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+inline uint16_t f32_to_fp16_floor(float f) {
+  const uint16_t h = f32_to_fp16(f);
+  return fp16_to_f32(h) > f ? fp16_step_down(h) : h;
+}
+inline uint16_t f32_to_fp16_ceil(float f) {
+  const uint16_t h = f32_to_fp16(f);
+  return fp16_to_f32(h) < f ? fp16_step_up(h) : h;
+}
+
 inline uint16_t f32_to_bf16(float f) {
   uint32_t x = f32_to_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
