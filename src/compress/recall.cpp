@@ -36,7 +36,7 @@ Recall::Recall(const RecallConfig& cfg, const ModelConfig& model, std::vector<ui
     : cfg_(cfg), mc_(model), layer_queries_(static_cast<size_t>(model.n_layer)),
       work_(static_cast<size_t>(model.n_layer) * model.n_head_kv), frozen_(std::move(frozen)) {}
 
-void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const {
+void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, const float* attn_lse, StreamWork& w) const {
   const int32_t hd = mc_.head_dim, group = mc_.group();
   const int32_t layer = s / mc_.n_head_kv, kv_head = s % mc_.n_head_kv;
   const std::vector<float>& rows = layer_queries_[static_cast<size_t>(layer)];
@@ -52,11 +52,11 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
     }
   // The hot mass per query vector: the attention kernel's log-sum-exp of this row when the caller has it
   // (one row), else from the hot logits, which also give each slot's best (the victim order).
-  bool have_lse = attn_lse_ != nullptr && n_rows == 1;
+  bool have_lse = attn_lse != nullptr && n_rows == 1;
   if (have_lse) {
     w.lse.resize(static_cast<size_t>(nq));
     for (int32_t g = 0; g < group; ++g) {
-      const float v = attn_lse_[static_cast<size_t>(layer) * mc_.n_head + static_cast<size_t>(kv_head * group + g)];
+      const float v = attn_lse[static_cast<size_t>(layer) * mc_.n_head + static_cast<size_t>(kv_head * group + g)];
       have_lse = have_lse && std::isfinite(v);
       w.lse[static_cast<size_t>(g)] = v;
     }
@@ -118,8 +118,7 @@ void Recall::hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool
   }
 }
 
-void Recall::read_stream(kv::EvictedKv& cold, int32_t s, StreamWork& w) {
-  const size_t rec = cold_record_bytes_;
+void Recall::read_stream(kv::EvictedKv& cold, int32_t s, size_t rec, StreamWork& w) {
   stats_.pages_bounded += static_cast<int64_t>(cold.pages(s).size());
   w.read_pages.clear();
   const float threshold = std::log(cfg_.min_share);
@@ -145,7 +144,7 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
   const auto& pool = kv.pool();
   const size_t row = pool.slot_bytes();
   const int32_t ps = pool.config().page_size;
-  const size_t rec = cold_record_bytes_;
+  const size_t rec = pool.record_bytes();
   // Exact shares replace the bounds of the pages read. Per query vector: E = sum of shares.
   std::vector<double> exact_sum(static_cast<size_t>(nq), 0.0), bound_of_read(static_cast<size_t>(nq), 0.0);
   w.candidates.clear();
@@ -192,8 +191,8 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   const size_t row = pool.slot_bytes();
   const size_t voff = pool.v_offset();
   const int32_t ps = pool.config().page_size;
-  const size_t rec = cold_record_bytes_;
-  const size_t pos_off = pool.record_bytes() - sizeof(int32_t) * static_cast<size_t>(ps);
+  const size_t rec = pool.record_bytes();
+  const size_t pos_off = rec - sizeof(int32_t) * static_cast<size_t>(ps);
   const double drift = w.drift;
   std::vector<Candidate>& recall = w.candidates;
   if (recall.empty() || !cfg_.bring_back) return drift;
@@ -296,7 +295,6 @@ int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& compl
 int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& queries, const std::vector<Protection>& prot,
                     int32_t rows_wanted, ThreadPool* pool, const float* attn_lse) {
   const double t0 = now_s();
-  attn_lse_ = attn_lse;
   const int64_t before = stats_.slots_recalled;
   for (int32_t l = 0; l < mc_.n_layer; ++l) {
     std::vector<float>& rows = layer_queries_[static_cast<size_t>(l)];
@@ -308,7 +306,7 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   if (queries.count() == 0) return 0;
   auto is_frozen = [&](int32_t s) { return !frozen_.empty() && frozen_[static_cast<size_t>(s)] != 0; };
   auto score = [&](int task, int) {
-    if (!is_frozen(task)) score_stream(kv, cold, task, work_[static_cast<size_t>(task)]);
+    if (!is_frozen(task)) score_stream(kv, cold, task, attn_lse, work_[static_cast<size_t>(task)]);
   };
   if (pool != nullptr) {
     pool->run(n_streams, score);
@@ -317,9 +315,8 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   }
   // Reads on this thread, stream by stream (the tier sees the same requests in the same order whatever the
   // pool), the exact measurements in parallel, the exchanges again here in stream order.
-  cold_record_bytes_ = kv.pool().record_bytes();
   for (int32_t s = 0; s < n_streams; ++s)
-    if (!is_frozen(s)) read_stream(cold, s, work_[static_cast<size_t>(s)]);
+    if (!is_frozen(s)) read_stream(cold, s, kv.pool().record_bytes(), work_[static_cast<size_t>(s)]);
   auto measure = [&](int task, int) {
     if (!is_frozen(task)) work_[static_cast<size_t>(task)].drift = measure_stream(kv, cold, task, work_[static_cast<size_t>(task)]);
   };
@@ -342,7 +339,6 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   stats_.drift_max = std::max(stats_.drift_max, stats_.drift_last);
   if (stats_.drift_first < 0) stats_.drift_first = stats_.drift_last;
   stats_.seconds += now_s() - t0;
-  attn_lse_ = nullptr;
   return stats_.slots_recalled - before;
 }
 

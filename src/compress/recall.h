@@ -104,12 +104,13 @@ class Recall {
     std::vector<Candidate> candidates;
     double drift = 0;
   };
-  void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
+  // `attn_lse`: run()'s (nullptr: recompute the hot logits).
+  void score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, const float* attn_lse, StreamWork& w) const;
   // Hot logits of the stream for w.q: each slot's max into w.slot_max and, if `lse`, the log-sum-exp per
   // query vector into w.lse.
   void hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool lse) const;
   // Reads the stream's candidate pages (by decreasing bound, up to max_pages) into w.records; adds to stats_.
-  void read_stream(kv::EvictedKv& cold, int32_t s, StreamWork& w);
+  void read_stream(kv::EvictedKv& cold, int32_t s, size_t record_bytes, StreamWork& w);
   // Exact shares of the pages read, the stream's drift, the pages worth recalling (w.candidates) and, for a
   // stream that will exchange, its hot slot scores. Read-only on kv and cold: runs in parallel over streams.
   double measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
@@ -123,8 +124,6 @@ class Recall {
   std::vector<StreamWork> work_;
   std::vector<uint8_t> frozen_;
   int32_t keep_tail_ = 1;
-  const float* attn_lse_ = nullptr;                // this run's (see run())
-  size_t cold_record_bytes_ = 0;                   // the pool's record size, this run
   bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot
 };
 

@@ -98,7 +98,39 @@ __attribute__((target("avx2,f16c"))) int32_t encode_f16_avx2(const float* x, int
 #pragma GCC diagnostic pop
 #endif
 
-void encode_row_with(Isa isa, const float* x, DType t, int32_t n, uint8_t* dst);
+void encode_row_with(Isa isa, const float* x, DType t, int32_t n, uint8_t* dst) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, x, static_cast<size_t>(n) * 4);
+      return;
+    case DType::F16:
+    case DType::BF16: {
+      int32_t i = 0;
+      if (t == DType::F16) i = isa == Isa::Avx512 ? encode_f16_avx512(x, n, dst) : isa == Isa::Avx2 ? encode_f16_avx2(x, n, dst) : 0;
+      for (; i < n; ++i) {
+        const uint16_t h = t == DType::F16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
+        std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
+      }
+      return;
+    }
+    case DType::Q8_0:
+      for (int32_t b = 0; b + 32 <= n; b += 32, dst += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = f32_to_fp16(d);
+        std::memcpy(dst, &dh, 2);
+        for (int i = 0; i < 32; ++i) {
+          const float q = std::round(x[b + i] * id);
+          dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? q : 0));
+        }
+      }
+      return;
+    default:
+      throw std::invalid_argument("kv_encode_row: unsupported KV type");
+  }
+}
 
 }  // namespace
 
@@ -133,42 +165,6 @@ void kv_encode_row(const float* x, DType t, int32_t n, uint8_t* dst) {
   static const Isa isa = selected_isa(kAttentionIsa);
   encode_row_with(isa, x, t, n, dst);
 }
-
-namespace {
-void encode_row_with(Isa isa, const float* x, DType t, int32_t n, uint8_t* dst) {
-  switch (t) {
-    case DType::F32:
-      std::memcpy(dst, x, static_cast<size_t>(n) * 4);
-      return;
-    case DType::F16:
-    case DType::BF16: {
-      int32_t i = 0;
-      if (t == DType::F16) i = isa == Isa::Avx512 ? encode_f16_avx512(x, n, dst) : isa == Isa::Avx2 ? encode_f16_avx2(x, n, dst) : 0;
-      for (; i < n; ++i) {
-        const uint16_t h = t == DType::F16 ? f32_to_fp16(x[i]) : f32_to_bf16(x[i]);
-        std::memcpy(dst + 2 * static_cast<size_t>(i), &h, 2);
-      }
-      return;
-    }
-    case DType::Q8_0:
-      for (int32_t b = 0; b + 32 <= n; b += 32, dst += 34) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b + i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t dh = f32_to_fp16(d);
-        std::memcpy(dst, &dh, 2);
-        for (int i = 0; i < 32; ++i) {
-          const float q = std::round(x[b + i] * id);
-          dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q > 127.0f ? 127 : q < -127.0f ? -127 : q == q ? q : 0));
-        }
-      }
-      return;
-    default:
-      throw std::invalid_argument("kv_encode_row: unsupported KV type");
-  }
-}
-}  // namespace
 
 void kv_decode_row(const uint8_t* src, DType t, int32_t n, float* out) {
   switch (t) {

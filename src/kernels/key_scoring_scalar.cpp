@@ -97,16 +97,13 @@ void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, 
 }
 
 void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out) {
-  std::vector<float> box(2 * static_cast<size_t>(hd));
   for (int32_t p = 0; p < n_pages; ++p) {
-    const uint16_t* d = digests + static_cast<size_t>(p) * 2 * hd;
-    for (size_t i = 0; i < box.size(); ++i) box[i] = fp16_to_f32(d[i]);
-    const float* mn = box.data();
-    const float* mx = mn + hd;
+    const uint16_t* mn = digests + static_cast<size_t>(p) * 2 * hd;
+    const uint16_t* mx = mn + hd;
     for (int32_t v = 0; v < nq; ++v) {
       const float* qv = q + static_cast<size_t>(v) * hd;
       float b = 0;
-      for (int32_t i = 0; i < hd; ++i) b += std::max(qv[i] * mn[i], qv[i] * mx[i]);
+      for (int32_t i = 0; i < hd; ++i) b += std::max(qv[i] * fp16_to_f32(mn[i]), qv[i] * fp16_to_f32(mx[i]));
       out[static_cast<size_t>(p) * nq + v] = b;
     }
   }
