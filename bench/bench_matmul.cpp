@@ -26,6 +26,7 @@
 #include "bench_main.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_packed.h"
 #include "util/thread_pool.h"
 
 namespace {
@@ -95,6 +96,33 @@ void bm_matmul(benchmark::State& state, Isa isa, DType type, int64_t n_in, int64
   int64_t i = 0;
   for (auto _ : state) {
     matmul_with_isa(isa, ws.copy(i++), type, n_out, n_in, x.data(), n_tok, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["weights"] = benchmark::Counter(iters * static_cast<double>(ws.matrix_bytes), benchmark::Counter::kIsRate);
+  if (n_tok > 1)
+    state.counters["flops"] = benchmark::Counter(iters * 2.0 * n_in * n_out * n_tok, benchmark::Counter::kIsRate);
+}
+
+// The same Q8_0 matrices in the packed 16-row layout (kernels/matmul_packed.h), one packed copy per
+// rotated copy, so the GEMV streams from DRAM as the row-layout one does.
+void bm_packed(benchmark::State& state, Isa isa, int64_t n_in, int64_t n_out, int64_t n_tok, int threads) {
+  static std::vector<PackedQ8> packed;
+  static int64_t packed_in = 0, packed_out = 0;
+  const WeightSet& ws = weights(DType::Q8_0, n_out, n_in);
+  if (packed_in != n_in || packed_out != n_out) {
+    packed.clear();
+    for (int64_t c = 0; c < ws.n_copies; ++c) packed.push_back(pack_q8_0(ws.copy(c), n_out, n_in));
+    packed_in = n_in;
+    packed_out = n_out;
+  }
+  const std::vector<float> x = activations(n_in * n_tok);
+  std::vector<float> y(n_out * n_tok);
+  ThreadPool* pool = pool_for(threads);
+  size_t i = 0;
+  for (auto _ : state) {
+    matmul_packed(packed[i++ % packed.size()], x.data(), n_tok, y.data(), pool, isa);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -181,6 +209,26 @@ void register_all() {
         }
       }
     }
+  }
+  // Packed Q8_0 ("Q8_0P"), AVX-512 only (the layout has no AVX2 kernel).
+  if (cpu_supports(Isa::Avx512)) {
+    for (const Shape& s : kShapes)
+      for (int threads : {1, 2}) {
+        const std::string name = "gemv/Q8_0P/" + std::string(s.what) + "_" + std::to_string(s.n_in) + "x" +
+                                 std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(threads);
+        timing(benchmark::RegisterBenchmark(name.c_str(), bm_packed, Isa::Avx512, s.n_in, s.n_out, int64_t{1}, threads),
+               threads)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    for (int64_t n_tok : {4, 8, 64})
+      for (int threads : {1, 2}) {
+        const std::string name = "prefill/Q8_0P/ffn_up_1024x3072/tok:" + std::to_string(n_tok) + "/avx512/threads:" +
+                                 std::to_string(threads);
+        timing(benchmark::RegisterBenchmark(name.c_str(), bm_packed, Isa::Avx512, int64_t{1024}, int64_t{3072}, n_tok,
+                                            threads),
+               threads)
+            ->Unit(benchmark::kMicrosecond);
+      }
   }
 }
 

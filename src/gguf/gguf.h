@@ -101,6 +101,11 @@ class File {
   // Absolute file offset of the tensor data section, and the size of the file/buffer.
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return size_; }
+  // Tells the OS the resident pages of [data, data + bytes) (a range inside this file's mapping) are not
+  // needed now: the whole pages inside the range are dropped and read again from the file if touched
+  // (the mapping is private and read-only, so nothing is lost). A no-op for parsed in-memory images and for
+  // ranges outside the mapping. For weights the loader has copied into another layout.
+  void drop_resident(const void* data, size_t bytes) const;
 
  private:
   File() = default;

@@ -78,6 +78,15 @@ struct File::Mapping {
 
 File::~File() = default;
 
+void File::drop_resident(const void* data, size_t bytes) const {
+  if (!map_ || data == nullptr || bytes == 0) return;
+  const auto base = reinterpret_cast<uintptr_t>(map_->addr), p = reinterpret_cast<uintptr_t>(data);
+  if (p < base || p - base > map_->size || bytes > map_->size - (p - base)) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (p + page - 1) / page * page, hi = (p + bytes) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advice: failure changes nothing
+}
+
 // Fills a File from a byte image. Errors read "<name>: <context>: <problem>" where the context names
 // the metadata key or tensor being parsed.
 class Parser {

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/matmul_internal.h"
+#include "kernels/matmul_packed.h"
 #include "util/half.h"
 
 namespace kvpack::kernels {
@@ -88,6 +89,35 @@ void run_tasks(ThreadPool* pool, int64_t n_tasks, F&& fn) {
   }
 }
 
+// Tasks are (block of rows) x (chunk of tokens). The split depends only on the shape, never on the pool
+// size, and every output element is computed by exactly one kernel call; the kernels' per-output arithmetic
+// does not depend on the rows / tokens around it (batch invariance, see matmul.h), so the split affects
+// speed only and results are bitwise identical for any thread count and batch. A row block is small enough
+// (<= 256 KB of weights) to stay in L2 while the kernel walks its token tiles, and there are enough blocks
+// (~32 for GEMV-sized matrices) for dynamic load balancing over the pool. `unit_bytes` is one row (or one
+// packed 16-row group); blocks of 8 or more units are rounded down to a multiple of `round`.
+struct TaskSplit {
+  int64_t units_per_task, tok_chunk, n_tok_tasks, n_tasks;
+};
+TaskSplit split_tasks(size_t unit_bytes, int64_t n_units, int64_t n_tokens, int64_t round) {
+  const size_t total_bytes = unit_bytes * static_cast<size_t>(n_units);
+  const size_t task_bytes = std::clamp<size_t>(total_bytes / 32, size_t{32} << 10, size_t{256} << 10);
+  int64_t per_task = std::max<int64_t>(1, static_cast<int64_t>(task_bytes / unit_bytes));
+  if (per_task >= 8) per_task -= per_task % round;
+  const int64_t n_unit_tasks = (n_units + per_task - 1) / per_task;
+  // Few row blocks but many tokens (prefill of a small matrix): also split the tokens, in chunks that are
+  // multiples of 8 (the widest token tile).
+  int64_t tok_chunk = std::min<int64_t>(n_tokens, 64);
+  if (n_unit_tasks < 16 && n_tokens > 8) {
+    const int64_t want = (16 + n_unit_tasks - 1) / n_unit_tasks;
+    tok_chunk = std::min(tok_chunk, std::max<int64_t>(8, ((n_tokens + want - 1) / want + 7) / 8 * 8));
+  }
+  const int64_t n_tok_tasks = (n_tokens + tok_chunk - 1) / tok_chunk;
+  const int64_t n_tasks = n_unit_tasks * n_tok_tasks;
+  if (n_tasks > (int64_t{1} << 30)) throw std::invalid_argument("matmul: too many tasks");
+  return {per_task, tok_chunk, n_tok_tasks, n_tasks};
+}
+
 }  // namespace
 
 bool matmul_supports(DType wtype) { return wkind(wtype) >= 0; }
@@ -149,27 +179,9 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
     base.act = L;
   }
 
-  // Tasks are (block of rows) x (chunk of tokens). The split depends only on the shape, never on the
-  // pool size, and every output element is computed by exactly one kernel call; the kernels' per-output
-  // arithmetic does not depend on the rows / tokens around it (batch invariance, see matmul.h), so the
-  // split affects speed only and results are bitwise identical for any thread count and batch. A row block is small enough (<= 256 KB of weights) to stay in L2
-  // while the kernel walks its token tiles, and there are enough blocks (~32 for GEMV-sized matrices)
-  // for dynamic load balancing over the pool.
-  const size_t total_bytes = base.row_bytes * static_cast<size_t>(n_out);
-  const size_t task_bytes = std::clamp<size_t>(total_bytes / 32, size_t{32} << 10, size_t{256} << 10);
-  int64_t rows_per_task = std::max<int64_t>(1, static_cast<int64_t>(task_bytes / base.row_bytes));
-  if (rows_per_task >= 8) rows_per_task &= ~int64_t{3};
-  const int64_t n_row_tasks = (n_out + rows_per_task - 1) / rows_per_task;
-  // Few row blocks but many tokens (prefill of a small matrix): also split the tokens, in chunks that are
-  // multiples of 8 (the widest token tile).
-  int64_t tok_chunk = std::min<int64_t>(n_tokens, 64);
-  if (n_row_tasks < 16 && n_tokens > 8) {
-    const int64_t want = (16 + n_row_tasks - 1) / n_row_tasks;
-    tok_chunk = std::min(tok_chunk, std::max<int64_t>(8, ((n_tokens + want - 1) / want + 7) / 8 * 8));
-  }
-  const int64_t n_tok_tasks = (n_tokens + tok_chunk - 1) / tok_chunk;
-  const int64_t n_tasks = n_row_tasks * n_tok_tasks;
-  if (n_tasks > (int64_t{1} << 30)) throw std::invalid_argument("matmul: too many tasks");
+  const TaskSplit sp = split_tasks(base.row_bytes, n_out, n_tokens, 4);
+  const int64_t rows_per_task = sp.units_per_task, tok_chunk = sp.tok_chunk, n_tok_tasks = sp.n_tok_tasks;
+  const int64_t n_tasks = sp.n_tasks;
 
   const detail::RowsFn rows = K->rows[kind];
   run_tasks(pool, n_tasks, [&](int64_t task) {
@@ -188,6 +200,49 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
 void matmul(const void* W, DType wtype, int64_t n_out, int64_t n_in, const float* x, int64_t n_tokens, float* y,
             ThreadPool* pool) {
   matmul_with_isa(selected_isa(), W, wtype, n_out, n_in, x, n_tokens, y, pool);
+}
+
+void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, Isa isa) {
+  if (!W) throw std::invalid_argument("matmul_packed: empty packed weight");
+  if (isa != Isa::Avx512 && isa != Isa::Scalar)
+    throw std::invalid_argument(std::string("matmul_packed: no packed path for ") + isa_name(isa));
+  if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul_packed: ISA not supported: ") + isa_name(isa));
+  if (n_tokens < 0) throw std::invalid_argument("matmul_packed: negative dimension");
+  const int64_t n_in = W.n_in(), n_out = W.n_out();
+  if (n_tokens == 0 || n_out == 0) return;
+  const IsaKernels& K = isa_kernels(isa);
+  const detail::PackedFn fn = isa == Isa::Avx512 ? detail::packed_q8_avx512 : detail::packed_q8_scalar;
+
+  // Activations as for row-layout Q8_0 (bias K = 128 for the unsigned weight codes).
+  const detail::ActLayout L = detail::act_layout(n_in);
+  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
+  const int64_t per_task = 16;
+  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
+    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
+    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act(x + t * n_in, n_in, 128, L, act + t * L.stride);
+  });
+
+  detail::PackedArgs base{};
+  base.W = W.group(0);
+  base.group_bytes = W.group_bytes();
+  base.nb = n_in / 32;
+  base.n_out = n_out;
+  base.x_stride = L.stride;
+  base.y_stride = n_out;
+  base.act = L;
+  // Units are 16-row groups; an even number per task lets the cached tiles pair groups.
+  const TaskSplit sp = split_tasks(W.group_bytes(), W.n_groups(), n_tokens, 2);
+  run_tasks(pool, sp.n_tasks, [&](int64_t task) {
+    const int64_t gt = task / sp.n_tok_tasks, tt = task % sp.n_tok_tasks;
+    detail::PackedArgs a = base;
+    a.g0 = gt * sp.units_per_task;
+    a.g1 = std::min(W.n_groups(), a.g0 + sp.units_per_task);
+    const int64_t t0 = tt * sp.tok_chunk;
+    a.n_tokens = std::min(n_tokens, t0 + sp.tok_chunk) - t0;
+    a.x = act + static_cast<size_t>(t0) * L.stride;
+    a.y = y + t0 * n_out;
+    fn(a);
+  });
 }
 
 const char* matmul_isa() { return isa_name(selected_isa()); }

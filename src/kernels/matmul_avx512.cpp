@@ -487,6 +487,116 @@ void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout&
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// Packed Q8_0 (kernels/matmul_packed.h): lane r of every vector is row 16 g + r. For block b and the
+// 4-byte column group j, one vpdpbusd multiplies the 16 rows' codes (one 64-byte load) by token t's 4
+// activation codes broadcast to every lane; 8 of them (j = 0..7) make the exact int32 block dot of 16
+// rows, which then costs one convert, one scale product and one FMA. The int32 chain starts at the
+// block's bias (-128 sum q_x); every output is one f32 FMA chain over its blocks, whatever the tile.
+//
+// Tiles: R groups x T tokens, 2 R T accumulators (int32 block dot, f32 sum) + R weight vectors. The
+// first token tile streams each group from DRAM once (R = 1, T <= kPackedTile1: one sequential stream);
+// later tiles find the task's groups in L2 and pair them (R = 2, T <= kPackedTile2) so each broadcast
+// activation feeds two weight vectors.
+constexpr int kPackedTile1 = 12;
+constexpr int kPackedTile2 = 6;
+static_assert(2 * 1 * kPackedTile1 + 1 + 2 <= 32 && 2 * 2 * kPackedTile2 + 2 + 2 <= 32, "packed tile exceeds 32 zmm");
+
+template <int R, int T>
+void packed_tile(const uint8_t* const* grp, int64_t nb, const uint8_t* const* acts, const ActLayout& L, __m512* out) {
+  __m512 facc[R * T];
+#pragma GCC unroll 32
+  for (int j = 0; j < R * T; ++j) facc[j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i iacc[R * T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      int32_t bias;
+      __builtin_memcpy(&bias, acts[t] + L.bias_off + b * 32, 4);
+      const __m512i vb = _mm512_set1_epi32(bias);
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k) iacc[k * T + t] = vb;
+    }
+    const size_t rec = static_cast<size_t>(b) * 544;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[R];
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k) w[k] = _mm512_loadu_si512(grp[k] + rec + j * 64);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        int32_t xv;
+        __builtin_memcpy(&xv, acts[t] + L.qs_off + b * 32 + 4 * j, 4);
+        const __m512i xb = _mm512_set1_epi32(xv);
+#pragma GCC unroll 4
+        for (int k = 0; k < R; ++k) iacc[k * T + t] = _mm512_dpbusd_epi32(iacc[k * T + t], w[k], xb);
+      }
+    }
+    __m512 dw[R];
+#pragma GCC unroll 4
+    for (int k = 0; k < R; ++k)
+      dw[k] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[k] + rec + 512)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 dx = _mm512_set1_ps(reinterpret_cast<const float*>(acts[t] + L.d_off)[b * 8]);
+#pragma GCC unroll 4
+      for (int k = 0; k < R; ++k)
+        facc[k * T + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[k * T + t]), _mm512_mul_ps(dw[k], dx), facc[k * T + t]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int j = 0; j < R * T; ++j) out[j] = facc[j];
+}
+
+// Groups [g0, g1) x T tokens, R groups per call, a remainder group alone.
+template <int R, int T>
+void packed_rows_tile(const PackedArgs& a, const uint8_t* const* acts, float* y) {
+  int64_t g = a.g0;
+  auto store = [&](int64_t grp_index, const __m512* v, int k) {
+    const int64_t o0 = grp_index * 16;
+    const int64_t valid = a.n_out - o0;
+    const __mmask16 m = valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1u);
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * a.y_stride + o0, m, v[k * T + t]);
+  };
+  for (; g + R <= a.g1; g += R) {
+    const uint8_t* grp[R];
+    for (int k = 0; k < R; ++k) grp[k] = a.W + static_cast<size_t>(g + k) * a.group_bytes;
+    __m512 out[R * T];
+    packed_tile<R, T>(grp, a.nb, acts, a.act, out);
+    for (int k = 0; k < R; ++k) store(g + k, out, k);
+  }
+  for (; g < a.g1; ++g) {
+    const uint8_t* grp = a.W + static_cast<size_t>(g) * a.group_bytes;
+    __m512 out[T];
+    packed_tile<1, T>(&grp, a.nb, acts, a.act, out);
+    store(g, out, 0);
+  }
+}
+
+template <int R, int T>
+void packed_tile_n(int nt, const PackedArgs& a, const uint8_t* const* acts, float* y) {
+  if constexpr (T > 1) {
+    if (nt < T) return packed_tile_n<R, T - 1>(nt, a, acts, y);
+  }
+  packed_rows_tile<R, T>(a, acts, y);
+}
+
+}  // namespace
+
+void packed_q8_avx512(const PackedArgs& a) {
+  const uint8_t* acts[kPackedTile1];
+  const int n0 = static_cast<int>(imin(kPackedTile1, a.n_tokens));
+  for (int t = 0; t < n0; ++t) acts[t] = a.x + t * a.x_stride;
+  packed_tile_n<1, kPackedTile1>(n0, a, acts, a.y);
+  for (int64_t t0 = n0; t0 < a.n_tokens; t0 += kPackedTile2) {
+    const int nt = static_cast<int>(imin(kPackedTile2, a.n_tokens - t0));
+    for (int t = 0; t < nt; ++t) acts[t] = a.x + (t0 + t) * a.x_stride;
+    packed_tile_n<2, kPackedTile2>(nt, a, acts, a.y + t0 * a.y_stride);
+  }
+}
+
+namespace {
 }  // namespace
 
 const IsaKernels& kernels_avx512() {

@@ -101,6 +101,28 @@ const IsaKernels& kernels_scalar();
 const IsaKernels& kernels_avx2();    // only call when cpu_supports(Isa::Avx2)
 const IsaKernels& kernels_avx512();  // only call when cpu_supports(Isa::Avx512)
 
+// Q8_0 weights in the packed layout of kernels/matmul_packed.h x ActLayout activations quantised with
+// bias K = 128 (bias8 lane 0 = -128 * sum(qs)). Groups [g0, g1) of 16 rows x tokens [0, n_tokens):
+//   group g        : W + g * group_bytes (nb records of 544 bytes)
+//   token t input  : x + t * x_stride
+//   output         : y[t * y_stride + 16 g + r] for the rows 16 g + r < n_out
+struct PackedArgs {
+  const uint8_t* W;
+  size_t group_bytes;
+  int64_t nb;
+  int64_t g0, g1;
+  int64_t n_out;
+  const uint8_t* x;
+  size_t x_stride;
+  int64_t n_tokens;
+  float* y;
+  int64_t y_stride;
+  ActLayout act;
+};
+using PackedFn = void (*)(const PackedArgs& a);
+void packed_q8_scalar(const PackedArgs& a);  // matmul_packed.cpp
+void packed_q8_avx512(const PackedArgs& a);  // matmul_avx512.cpp; only when cpu_supports(Isa::Avx512)
+
 // Super-block kernels, one file per ISA (matmul_kquant_{scalar,avx2,avx512}.cpp), indexed by
 // WKind - kQ4_K (Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS).
 constexpr int kNumKKinds = kIQ4_XS - kQ4_K + 1;

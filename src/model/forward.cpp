@@ -8,6 +8,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_packed.h"
 #include "kernels/ops.h"
 #include "util/half.h"
 
@@ -15,7 +16,10 @@ namespace kvpack {
 namespace {
 
 void matmul(const Weight& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
-  kernels::matmul(w.data, w.type, w.n_out, w.n_in, x, n_tokens, y, pool);
+  if (w.packed != nullptr)
+    kernels::matmul_packed(*w.packed, x, n_tokens, y, pool);
+  else
+    kernels::matmul(w.data, w.type, w.n_out, w.n_in, x, n_tokens, y, pool);
 }
 
 void add_bias(float* y, const Weight& b, int64_t n_tokens) {

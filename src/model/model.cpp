@@ -7,6 +7,13 @@
 
 #include "model/model.h"
 
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "kernels/matmul_packed.h"
+#include "util/huge_alloc.h"
+
 namespace kvpack {
 namespace {
 
@@ -48,6 +55,33 @@ void Model::set_context_length(int32_t n_ctx) {
 }
 
 Model::~Model() = default;
+
+void Model::FreeArena::operator()(uint8_t* p) const { std::free(p); }
+
+void Model::pack_weights() {
+  if (!kernels::packed_q8_preferred()) return;
+  if (const char* e = std::getenv("KVPACK_REPACK"); e != nullptr && std::strcmp(e, "0") == 0) return;
+  std::vector<Weight*> todo;
+  for (LayerWeights& l : w_.layers)
+    for (Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) todo.push_back(w);
+  todo.push_back(&w_.output);
+  std::erase_if(todo, [](const Weight* w) { return !*w || w->type != DType::Q8_0; });
+  if (todo.empty()) return;
+  // One arena for every packed matrix: a 2 MiB rounding per matrix would leave up to 2 MiB resident per
+  // matrix (~200 MB for a 28-layer model), one arena at most 2 MiB in all.
+  auto slot = [](const Weight* w) { return (kernels::PackedQ8::bytes_for(w->n_out, w->n_in) + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const Weight* w : todo) total += slot(w);
+  uint8_t* arena = huge_alloc(total);
+  if (arena == nullptr) throw std::bad_alloc();
+  packed_arena_.reset(arena);
+  for (Weight* w : todo) {
+    packed_.push_back(std::make_unique<kernels::PackedQ8>(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in)));
+    w->packed = packed_.back().get();
+    arena += slot(w);
+    if (gguf_) gguf_->drop_resident(w->data, row_bytes(w->type, static_cast<uint64_t>(w->n_in)) * static_cast<uint64_t>(w->n_out));
+  }
+}
 
 void Model::check_hparams(const std::string& where) {
   namespace lim = model_limits;

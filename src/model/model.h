@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "kernels/matmul_packed.h"
 #include "tokenizer/tokenizer.h"
 #include "util/dtype.h"
 
@@ -79,6 +80,10 @@ struct Weight {
   const void* data = nullptr;
   DType type = DType::F32;
   int64_t n_in = 0, n_out = 0;
+  // The same matrix repacked for the int8 kernels (kernels/matmul_packed.h), owned by the Model; set for
+  // Q8_0 matrices when the CPU has the packed kernel (Model::pack_weights), nullptr otherwise. `data` stays
+  // valid (embedding lookups, tools) but the forward pass multiplies with `packed` when it is set.
+  const kernels::PackedQ8* packed = nullptr;
   explicit operator bool() const { return data != nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }
 };
@@ -125,12 +130,21 @@ class Model {
   // clips n_ctx to kMaxContext with a warning on stderr.
   void check_hparams(const std::string& where);
   void validate() const;  // after loading: the tokenizer agrees with the model
+  // Repacks the Q8_0 matrices the forward pass multiplies with (every layer's projections and the output
+  // head) when kernels::packed_q8_preferred(), unless KVPACK_REPACK=0; then asks the OS to drop the file
+  // pages the repacking read (they are re-read on demand), so resident memory holds one copy.
+  void pack_weights();
 
   ModelConfig cfg_;
   ModelWeights w_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<gguf::File> gguf_;
   std::vector<float> owned_;  // llama2.c weights
+  std::vector<std::unique_ptr<kernels::PackedQ8>> packed_;  // what Weight::packed points to
+  struct FreeArena {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, FreeArena> packed_arena_;  // the packed matrices' bytes, one allocation
   size_t weight_bytes_ = 0;
   std::string chat_template_;
   std::vector<int32_t> eog_;

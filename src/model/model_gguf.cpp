@@ -215,6 +215,7 @@ std::unique_ptr<Model> Model::load_gguf(const std::string& path) {
   m->weight_bytes_ = L.bytes;
   m->chat_template_ = f.get_string("tokenizer.chat_template").value_or("");
   m->validate();
+  m->pack_weights();
   return m;
 }
 

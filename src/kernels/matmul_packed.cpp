@@ -1,0 +1,100 @@
+// Packing of Q8_0 matrices into the 16-row interleaved layout (kernels/matmul_packed.h) and the portable
+// kernel that defines its arithmetic (the AVX-512 kernel in matmul_avx512.cpp gives the same bits).
+#include "kernels/matmul_packed.h"
+
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "kernels/matmul_internal.h"
+#include "util/half.h"
+#include "util/huge_alloc.h"
+
+namespace kvpack::kernels {
+
+bool packed_q8_preferred() { return selected_isa() == Isa::Avx512; }
+
+size_t PackedQ8::bytes_for(int64_t n_out, int64_t n_in) {
+  if (n_out <= 0 || n_in <= 0) return 0;
+  return static_cast<size_t>((n_out + kRows - 1) / kRows) * static_cast<size_t>(n_in / 32) * kRecordBytes;
+}
+
+PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in) {
+  const size_t bytes = PackedQ8::bytes_for(n_out, n_in);
+  // Matrices of a huge page or more go on 2 MiB boundaries (fewer TLB misses while streaming them); smaller
+  // ones are not rounded up to one.
+  uint8_t* mem = bytes >= kHugePageBytes ? huge_alloc(bytes) : static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64));
+  if (mem == nullptr) throw std::bad_alloc();
+  std::unique_ptr<uint8_t, PackedQ8::Free> owned(mem);
+  PackedQ8 p = pack_q8_0_into(mem, W, n_out, n_in);
+  p.owned_ = std::move(owned);
+  return p;
+}
+
+PackedQ8 pack_q8_0_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_in) {
+  if (n_out <= 0 || n_in <= 0 || n_in % 32 != 0)
+    throw std::invalid_argument("pack_q8_0: shape " + std::to_string(n_out) + " x " + std::to_string(n_in) +
+                                " (n_in must be a positive multiple of 32)");
+  PackedQ8 p;
+  p.n_out_ = n_out;
+  p.n_in_ = n_in;
+  p.data_ = mem;
+  const int64_t nb = n_in / 32;
+  const auto* src = static_cast<const uint8_t*>(W);
+  const size_t row_bytes = static_cast<size_t>(nb) * 34;  // block_q8_0: f16 d, 32 x int8
+  for (int64_t g = 0; g < p.n_groups(); ++g) {
+    uint8_t* out = mem + static_cast<size_t>(g) * p.group_bytes();
+    for (int64_t b = 0; b < nb; ++b, out += PackedQ8::kRecordBytes) {
+      for (int r = 0; r < PackedQ8::kRows; ++r) {
+        const int64_t row = g * PackedQ8::kRows + r;
+        if (row >= n_out) {  // padding rows: code 0 (= 128 after the offset), scale 0
+          for (int j = 0; j < 8; ++j) std::memset(out + j * 64 + r * 4, 0x80, 4);
+          std::memset(out + 512 + r * 2, 0, 2);
+          continue;
+        }
+        const uint8_t* blk = src + static_cast<size_t>(row) * row_bytes + static_cast<size_t>(b) * 34;
+        for (int j = 0; j < 8; ++j)
+          for (int i = 0; i < 4; ++i) out[j * 64 + r * 4 + i] = static_cast<uint8_t>(blk[2 + 4 * j + i] ^ 0x80);
+        std::memcpy(out + 512 + r * 2, blk, 2);
+      }
+    }
+  }
+  return p;
+}
+
+namespace detail {
+
+// The reference arithmetic of matmul_packed.h, one output at a time.
+void packed_q8_scalar(const PackedArgs& a) {
+  const ActLayout& L = a.act;
+  for (int64_t g = a.g0; g < a.g1; ++g) {
+    const uint8_t* grp = a.W + static_cast<size_t>(g) * a.group_bytes;
+    for (int r = 0; r < PackedQ8::kRows; ++r) {
+      const int64_t o = g * PackedQ8::kRows + r;
+      if (o >= a.n_out) break;
+      for (int64_t t = 0; t < a.n_tokens; ++t) {
+        const uint8_t* act = a.x + static_cast<size_t>(t) * a.x_stride;
+        const auto* qs = reinterpret_cast<const int8_t*>(act + L.qs_off);
+        const auto* dx = reinterpret_cast<const float*>(act + L.d_off);
+        const auto* bias = reinterpret_cast<const int32_t*>(act + L.bias_off);
+        float acc = 0.0f;
+        for (int64_t b = 0; b < a.nb; ++b) {
+          const uint8_t* rec = grp + static_cast<size_t>(b) * PackedQ8::kRecordBytes;
+          int32_t s = bias[b * 8];
+          for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 4; ++i) s += int32_t{rec[j * 64 + r * 4 + i]} * int32_t{qs[b * 32 + 4 * j + i]};
+          uint16_t dh;
+          std::memcpy(&dh, rec + 512 + r * 2, 2);
+          acc = std::fma(static_cast<float>(s), fp16_to_f32(dh) * dx[b * 8], acc);
+        }
+        a.y[t * a.y_stride + o] = acc;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace kvpack::kernels
