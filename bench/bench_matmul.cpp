@@ -212,7 +212,11 @@ void register_all() {
   }
   // Packed Q8_0 ("Q8_0P"), AVX-512 only (the layout has no AVX2 kernel).
   if (cpu_supports(Isa::Avx512)) {
-    for (const Shape& s : kShapes)
+    // Beside the row-layout shapes: k_proj / v_proj, and Q|K|V and gate|up as one matrix each.
+    constexpr Shape kPackedShapes[] = {{"q_proj", 1024, 2048},   {"ffn_up", 1024, 3072}, {"ffn_down", 3072, 1024},
+                                       {"lm_head", 1024, 151936}, {"kv_proj", 1024, 1024}, {"qkv_proj", 1024, 4096},
+                                       {"gate_up", 1024, 6144}};
+    for (const Shape& s : kPackedShapes)
       for (int threads : {1, 2}) {
         const std::string name = "gemv/Q8_0P/" + std::string(s.what) + "_" + std::to_string(s.n_in) + "x" +
                                  std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(threads);
