@@ -88,21 +88,31 @@ std::vector<float> activations(int64_t n) {
   return x;
 }
 
+// Runs `call` (one matmul into y) per iteration and sets the "weights" (bytes of one matrix per call) and,
+// for several tokens, "flops" rates.
+template <class F>
+void time_calls(benchmark::State& state, size_t matrix_bytes, int64_t n_in, int64_t n_out, int64_t n_tok,
+                std::vector<float>& y, F&& call) {
+  for (auto _ : state) {
+    call();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["weights"] = benchmark::Counter(iters * static_cast<double>(matrix_bytes), benchmark::Counter::kIsRate);
+  if (n_tok > 1)
+    state.counters["flops"] = benchmark::Counter(iters * 2.0 * n_in * n_out * n_tok, benchmark::Counter::kIsRate);
+}
+
 void bm_matmul(benchmark::State& state, Isa isa, DType type, int64_t n_in, int64_t n_out, int64_t n_tok, int threads) {
   const WeightSet& ws = weights(type, n_out, n_in);
   const std::vector<float> x = activations(n_in * n_tok);
   std::vector<float> y(n_out * n_tok);
   ThreadPool* pool = pool_for(threads);
   int64_t i = 0;
-  for (auto _ : state) {
+  time_calls(state, ws.matrix_bytes, n_in, n_out, n_tok, y, [&] {
     matmul_with_isa(isa, ws.copy(i++), type, n_out, n_in, x.data(), n_tok, y.data(), pool);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double iters = static_cast<double>(state.iterations());
-  state.counters["weights"] = benchmark::Counter(iters * static_cast<double>(ws.matrix_bytes), benchmark::Counter::kIsRate);
-  if (n_tok > 1)
-    state.counters["flops"] = benchmark::Counter(iters * 2.0 * n_in * n_out * n_tok, benchmark::Counter::kIsRate);
+  });
 }
 
 // The same Q8_0 matrices in the packed 16-row layout (kernels/matmul_packed.h), one packed copy per
@@ -121,15 +131,9 @@ void bm_packed(benchmark::State& state, Isa isa, int64_t n_in, int64_t n_out, in
   std::vector<float> y(n_out * n_tok);
   ThreadPool* pool = pool_for(threads);
   size_t i = 0;
-  for (auto _ : state) {
+  time_calls(state, ws.matrix_bytes, n_in, n_out, n_tok, y, [&] {
     matmul_packed(packed[i++ % packed.size()], x.data(), n_tok, y.data(), pool, isa);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  const double iters = static_cast<double>(state.iterations());
-  state.counters["weights"] = benchmark::Counter(iters * static_cast<double>(ws.matrix_bytes), benchmark::Counter::kIsRate);
-  if (n_tok > 1)
-    state.counters["flops"] = benchmark::Counter(iters * 2.0 * n_in * n_out * n_tok, benchmark::Counter::kIsRate);
+  });
 }
 
 // Read bandwidth: sum 64-bit words of a 512 MB buffer, split over the pool's threads.
