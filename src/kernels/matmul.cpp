@@ -89,6 +89,19 @@ void run_tasks(ThreadPool* pool, int64_t n_tasks, F&& fn) {
   }
 }
 
+// Quantises every token's activations once into the calling thread's scratch (shared by all rows and
+// threads of the matmul that follows), 16 tokens per task.
+uint8_t* quantize_activations(const IsaKernels& K, int bias_k, const detail::ActLayout& L, const float* x, int64_t n_in,
+                              int64_t n_tokens, ThreadPool* pool) {
+  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
+  const int64_t per_task = 16;
+  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
+    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
+    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act(x + t * n_in, n_in, bias_k, L, act + t * L.stride);
+  });
+  return act;
+}
+
 // Tasks are (block of rows) x (chunk of tokens). The split depends only on the shape, never on the pool
 // size, and every output element is computed by exactly one kernel call; the kernels' per-output arithmetic
 // does not depend on the rows / tokens around it (batch invariance, see matmul.h), so the split affects
@@ -167,13 +180,7 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   } else if (quantized) {
     // Quantise every token's activations once (shared by all rows and threads).
     const detail::ActLayout L = detail::act_layout(n_in);
-    uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
-    const int bias_k = K->bias_k[kind];
-    const int64_t per_task = 16;
-    run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
-      const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
-      for (int64_t t = task * per_task; t < t1; ++t) K->quant_act(x + t * n_in, n_in, bias_k, L, act + t * L.stride);
-    });
+    uint8_t* act = quantize_activations(*K, K->bias_k[kind], L, x, n_in, n_tokens, pool);
     base.x = act;
     base.x_stride = L.stride;
     base.act = L;
@@ -215,12 +222,7 @@ void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y
 
   // Activations as for row-layout Q8_0 (bias K = 128 for the unsigned weight codes).
   const detail::ActLayout L = detail::act_layout(n_in);
-  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
-  const int64_t per_task = 16;
-  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
-    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
-    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act(x + t * n_in, n_in, 128, L, act + t * L.stride);
-  });
+  uint8_t* act = quantize_activations(K, 128, L, x, n_in, n_tokens, pool);
 
   detail::PackedArgs base{};
   base.W = W.group(0);

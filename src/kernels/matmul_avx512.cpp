@@ -487,7 +487,6 @@ void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout&
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------------
 // Packed Q8_0 (kernels/matmul_packed.h): lane r of every vector is row 16 g + r. For block b and the
 // 4-byte column group j, one vpdpbusd multiplies the 16 rows' codes (one 64-byte load) by token t's 4
@@ -606,9 +605,6 @@ void packed_q8_avx512(const PackedArgs& a) {
     packed_tile_n<2, kPackedTile2>(nt, a, acts, a.y + t0 * a.y_stride);
   }
 }
-
-namespace {
-}  // namespace
 
 const IsaKernels& kernels_avx512() {
   static const IsaKernels k = {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/matmul_internal.h"
+#include "util/dtype.h"
 #include "util/half.h"
 #include "util/huge_alloc.h"
 
@@ -28,7 +29,7 @@ PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in) {
   // ones are not rounded up to one.
   uint8_t* mem = bytes >= kHugePageBytes ? huge_alloc(bytes) : static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64));
   if (mem == nullptr) throw std::bad_alloc();
-  std::unique_ptr<uint8_t, PackedQ8::Free> owned(mem);
+  std::unique_ptr<uint8_t, FreeBytes> owned(mem);
   PackedQ8 p = pack_q8_0_into(mem, W, n_out, n_in);
   p.owned_ = std::move(owned);
   return p;
@@ -44,7 +45,7 @@ PackedQ8 pack_q8_0_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_in
   p.data_ = mem;
   const int64_t nb = n_in / 32;
   const auto* src = static_cast<const uint8_t*>(W);
-  const size_t row_bytes = static_cast<size_t>(nb) * 34;  // block_q8_0: f16 d, 32 x int8
+  const size_t rb = row_bytes(DType::Q8_0, static_cast<uint64_t>(n_in));  // block_q8_0: f16 d, 32 x int8
   for (int64_t g = 0; g < p.n_groups(); ++g) {
     uint8_t* out = mem + static_cast<size_t>(g) * p.group_bytes();
     for (int64_t b = 0; b < nb; ++b, out += PackedQ8::kRecordBytes) {
@@ -55,7 +56,7 @@ PackedQ8 pack_q8_0_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_in
           std::memset(out + 512 + r * 2, 0, 2);
           continue;
         }
-        const uint8_t* blk = src + static_cast<size_t>(row) * row_bytes + static_cast<size_t>(b) * 34;
+        const uint8_t* blk = src + static_cast<size_t>(row) * rb + static_cast<size_t>(b) * 34;
         for (int j = 0; j < 8; ++j)
           for (int i = 0; i < 4; ++i) out[j * 64 + r * 4 + i] = static_cast<uint8_t>(blk[2 + 4 * j + i] ^ 0x80);
         std::memcpy(out + 512 + r * 2, blk, 2);

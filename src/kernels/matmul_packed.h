@@ -21,10 +21,10 @@
 // arguments and may run concurrently on the same PackedQ8.
 #pragma once
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 
 #include "kernels/cpu_features.h"
+#include "util/huge_alloc.h"
 #include "util/thread_pool.h"
 
 namespace kvpack::kernels {
@@ -43,17 +43,14 @@ class PackedQ8 {
   int64_t n_in() const { return n_in_; }
   int64_t n_groups() const { return (n_out_ + kRows - 1) / kRows; }
   size_t group_bytes() const { return static_cast<size_t>(n_in_ / 32) * kRecordBytes; }
-  size_t bytes() const { return group_bytes() * static_cast<size_t>(n_groups()); }
+  size_t bytes() const { return bytes_for(n_out_, n_in_); }
   const uint8_t* group(int64_t g) const { return data_ + static_cast<size_t>(g) * group_bytes(); }
 
  private:
   friend PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in);
   friend PackedQ8 pack_q8_0_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
   const uint8_t* data_ = nullptr;
-  std::unique_ptr<uint8_t, Free> owned_;  // empty for a view into memory its caller owns
+  std::unique_ptr<uint8_t, FreeBytes> owned_;  // empty for a view into memory its caller owns
   int64_t n_out_ = 0, n_in_ = 0;
 };
 

@@ -56,8 +56,6 @@ void Model::set_context_length(int32_t n_ctx) {
 
 Model::~Model() = default;
 
-void Model::FreeArena::operator()(uint8_t* p) const { std::free(p); }
-
 void Model::pack_weights() {
   if (!kernels::packed_q8_preferred()) return;
   if (const char* e = std::getenv("KVPACK_REPACK"); e != nullptr && std::strcmp(e, "0") == 0) return;
@@ -75,9 +73,10 @@ void Model::pack_weights() {
   uint8_t* arena = huge_alloc(total);
   if (arena == nullptr) throw std::bad_alloc();
   packed_arena_.reset(arena);
+  packed_.reserve(todo.size());
   for (Weight* w : todo) {
-    packed_.push_back(std::make_unique<kernels::PackedQ8>(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in)));
-    w->packed = packed_.back().get();
+    packed_.push_back(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in));
+    w->packed = &packed_.back();
     arena += slot(w);
     if (gguf_) gguf_->drop_resident(w->data, row_bytes(w->type, static_cast<uint64_t>(w->n_in)) * static_cast<uint64_t>(w->n_out));
   }

@@ -15,6 +15,7 @@
 #include "kernels/matmul_packed.h"
 #include "tokenizer/tokenizer.h"
 #include "util/dtype.h"
+#include "util/huge_alloc.h"
 
 namespace kvpack {
 
@@ -140,11 +141,8 @@ class Model {
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<gguf::File> gguf_;
   std::vector<float> owned_;  // llama2.c weights
-  std::vector<std::unique_ptr<kernels::PackedQ8>> packed_;  // what Weight::packed points to
-  struct FreeArena {
-    void operator()(uint8_t* p) const;
-  };
-  std::unique_ptr<uint8_t, FreeArena> packed_arena_;  // the packed matrices' bytes, one allocation
+  std::vector<kernels::PackedQ8> packed_;  // what Weight::packed points to (sized once: pointers stay valid)
+  std::unique_ptr<uint8_t, FreeBytes> packed_arena_;  // the packed matrices' bytes, one allocation
   size_t weight_bytes_ = 0;
   std::string chat_template_;
   std::vector<int32_t> eog_;

@@ -13,4 +13,6 @@ uint8_t* huge_alloc(size_t bytes) {
   return mem;
 }
 
+void FreeBytes::operator()(uint8_t* p) const { std::free(p); }
+
 }  // namespace kvpack

@@ -17,4 +17,9 @@ constexpr size_t huge_alloc_bytes(size_t bytes) { return (bytes + kHugePageBytes
 // huge_alloc_bytes(bytes) bytes aligned to kHugePageBytes, or nullptr; release with std::free.
 uint8_t* huge_alloc(size_t bytes);
 
+// Deleter for memory from huge_alloc / std::aligned_alloc (std::unique_ptr<uint8_t, FreeBytes>).
+struct FreeBytes {
+  void operator()(uint8_t* p) const;
+};
+
 }  // namespace kvpack
