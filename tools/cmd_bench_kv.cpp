@@ -141,6 +141,7 @@ class ColdDecode {
     first_s = now_s() - t0;
     first_recall_s = cs_.stats().recall.seconds - at0.recall.seconds;
     before = cs_.stats();
+    recomputed_before = recomputed;
   }
   void decode(int32_t n) {
     const double t0 = now_s();
@@ -156,6 +157,7 @@ class ColdDecode {
 
   double seconds = 0, first_s = 0, first_recall_s = 0;
   int64_t tokens = 0;
+  int64_t recomputed = 0, recomputed_before = 0;  // tokens decoded again after a check recalled; before the timed decode
   compress::CompressionStats before;  // at the start of the timed decode
 
  private:
@@ -165,6 +167,7 @@ class ColdDecode {
     if (const int32_t again = cs_.before_sample(*seq_); again > 0) {
       if (static_cast<size_t>(again) > history_.size()) throw std::logic_error("bench kv: recompute beyond the stream");
       seq_->truncate_tail(again);
+      recomputed += again;
       for (size_t j = history_.size() - static_cast<size_t>(again); j < history_.size(); ++j)
         engine_.runner().decode_greedy(*seq_, history_[j], logits_.data(), &cs_);
       cs_.before_sample(*seq_);  // the call after a recompute runs no check
@@ -326,6 +329,16 @@ void add_bench_kv(CLI::App& bench) {
                     static_cast<double>(rs.bytes_read) / (1 << 20), rs.drift_last, static_cast<long long>(down.evicted()->pages_written),
                     1e3 * rec.first_s, 1e3 * rec.first_recall_s, static_cast<long long>(rec.stats().events - rec.before.events),
                     1e3 * (rec.stats().seconds - rec.before.seconds), 1e3 * (rec.stats().recall.seconds - rec.before.recall.seconds));
+        const compress::CompressionStats& a = rec.stats();
+        const compress::CompressionStats& z = rec.before;
+        std::printf("recall depth=%d where the time went (timed decode): events %.1f ms = scoring %.1f + cold tier %.1f + selection "
+                    "and compaction %.1f; checks %.1f ms = bounds %.1f + reads %.1f + exact %.1f + exchanges %.1f; "
+                    "%lld recomputed tokens\n",
+                    depth, 1e3 * (a.seconds - z.seconds), 1e3 * (a.score_seconds - z.score_seconds), 1e3 * (a.cold_seconds - z.cold_seconds),
+                    1e3 * ((a.seconds - a.score_seconds - a.cold_seconds) - (z.seconds - z.score_seconds - z.cold_seconds)),
+                    1e3 * (a.recall.seconds - z.recall.seconds), 1e3 * (a.recall.score_seconds - z.recall.score_seconds),
+                    1e3 * (a.recall.read_seconds - z.recall.read_seconds), 1e3 * (a.recall.measure_seconds - z.recall.measure_seconds),
+                    1e3 * (a.recall.settle_seconds - z.recall.settle_seconds), static_cast<long long>(rec.recomputed - rec.recomputed_before));
         std::fflush(stdout);
       }
       depth_progress.advance();

@@ -32,6 +32,7 @@ void CompressionStats::add(const CompressionStats& o) {
   freed_bytes += o.freed_bytes;
   seconds += o.seconds;
   score_seconds += o.score_seconds;
+  cold_seconds += o.cold_seconds;
   max_streams_slots = std::max(max_streams_slots, o.max_streams_slots);
   deferred_streams += o.deferred_streams;
   recall.add(o.recall);
@@ -238,7 +239,11 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       continue;
     }
     if (needs_.key_mass) mass_.compact(s, keep);
-    if (evicted_ != nullptr) evicted_->add(kv, s, keep);  // before the survivors slide over them
+    if (evicted_ != nullptr) {  // before the survivors slide over them
+      const double c0 = now_s();
+      evicted_->add(kv, s, keep);
+      ev.cold_seconds += now_s() - c0;
+    }
     const int64_t compacted = kv.compact_stream(s, keep);
     if (compacted < 0) throw std::logic_error("compaction: pool exhausted after the check");
     // Naive mode reports what a non-compacting allocator would have freed instead.
@@ -248,7 +253,11 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     ev.freed_pages += freed;
     ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
   }
-  if (evicted_ != nullptr) evicted_->commit();
+  if (evicted_ != nullptr) {
+    const double c0 = now_s();
+    evicted_->commit();
+    ev.cold_seconds += now_s() - c0;
+  }
   schedule_.on_event(live_total(kv));
   ev.score_seconds = t1 - t0;
   ev.seconds = now_s() - t0;

@@ -39,6 +39,7 @@ struct CompressionStats {
   uint64_t freed_bytes = 0;    // bytes of pages returned to the pool (naive: that it would return)
   double seconds = 0;          // scoring + selection + compaction
   double score_seconds = 0;
+  double cold_seconds = 0;     // of which: copying evicted slots to the cold tier and their digests (EvictedKv)
   int64_t max_streams_slots = 0;  // largest stream length seen at a compression event
   // Streams an event left as they were because copying their shared pages (n > 1 choices, prefix cache)
   // needed more free pages than the pool had: they stay over budget until a later event.

@@ -24,6 +24,10 @@ void RecallStats::add(const RecallStats& o) {
   read_misses += o.read_misses;
   bytes_read += o.bytes_read;
   seconds += o.seconds;
+  score_seconds += o.score_seconds;
+  read_seconds += o.read_seconds;
+  measure_seconds += o.measure_seconds;
+  settle_seconds += o.settle_seconds;
   drift_last = o.checks > 0 ? o.drift_last : drift_last;
   drift_max = std::max(drift_max, o.drift_max);
   if (drift_first < 0) drift_first = o.drift_first;
@@ -72,9 +76,11 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
   share_sum.assign(static_cast<size_t>(nq), 0.0);
   w.page_bound.resize(pages.size() * static_cast<size_t>(nq));
   kernels::digest_bounds(w.q.data(), nq, hd, cold.digests(s).data(), static_cast<int32_t>(pages.size()), w.page_bound.data());
+  const int32_t page_size = kv.pool().config().page_size;
+  const float log_page = std::log(static_cast<float>(page_size));
   for (size_t p = 0; p < pages.size(); ++p) {
     if (pages[p].lost || pages[p].n_slots == 0) continue;
-    const float log_n = std::log(static_cast<float>(pages[p].n_slots));
+    const float log_n = pages[p].n_slots == page_size ? log_page : std::log(static_cast<float>(pages[p].n_slots));
     for (int32_t v = 0; v < nq; ++v) {
       const float b = w.page_bound[p * static_cast<size_t>(nq) + static_cast<size_t>(v)];
       const float log_share = b + log_n - w.lse[static_cast<size_t>(v)];
@@ -83,15 +89,19 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
       if (log_share > -60.0f) share_sum[static_cast<size_t>(v)] += static_cast<double>(std::exp(std::min(80.0f, log_share)));
     }
   }
-  // Only pages whose bound passes the read threshold are ever read (settle_stream stops at the first
-  // below it): order those alone.
+  // Only pages whose bound passes the read threshold are ever read (read_stream stops at the first below
+  // it, or after max_pages): order those alone, and only as far as the reads go (a long context's loose
+  // bounds pass by the hundred per stream).
   const float threshold = std::log(cfg_.min_share);
   w.order.clear();
   for (size_t p = 0; p < pages.size(); ++p)
     if (w.bound[p] >= threshold) w.order.push_back(static_cast<int32_t>(p));
-  std::sort(w.order.begin(), w.order.end(), [&](int32_t a, int32_t b) {
+  const auto by_bound = [&](int32_t a, int32_t b) {
     return w.bound[static_cast<size_t>(a)] > w.bound[static_cast<size_t>(b)] || (w.bound[static_cast<size_t>(a)] == w.bound[static_cast<size_t>(b)] && a < b);
-  });
+  };
+  const size_t reads = read_all_ ? w.order.size() : std::min(w.order.size(), static_cast<size_t>(std::max(0, cfg_.max_pages)));
+  std::partial_sort(w.order.begin(), w.order.begin() + static_cast<std::ptrdiff_t>(reads), w.order.end(), by_bound);
+  w.order.resize(reads);
 }
 
 void Recall::hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool lse) const {
@@ -118,23 +128,37 @@ void Recall::hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool
   }
 }
 
-void Recall::read_stream(kv::EvictedKv& cold, int32_t s, size_t rec, StreamWork& w) {
-  stats_.pages_bounded += static_cast<int64_t>(cold.pages(s).size());
-  w.read_pages.clear();
-  const float threshold = std::log(cfg_.min_share);
-  int32_t reads = 0;
-  for (int32_t p : w.order) {
-    if ((!read_all_ && reads >= cfg_.max_pages) || w.bound[static_cast<size_t>(p)] < threshold) break;
-    ++reads;
-    const size_t i = w.read_pages.size();
-    if (w.records.size() < (i + 1) * rec) w.records.resize((i + 1) * rec);
-    if (!cold.read(s, p, std::span<uint8_t>(w.records.data() + i * rec, rec))) {
+void Recall::read_pages(kv::EvictedKv& cold, size_t rec) {
+  // Every stream's pages to read (score_stream's order, at most max_pages unless read_all_), in stream
+  // order: one batched tier call for the whole check instead of a lock, an index lookup and a copy each.
+  read_refs_.clear();
+  read_out_.clear();
+  for (size_t s = 0; s < work_.size(); ++s) {
+    StreamWork& w = work_[s];
+    w.read_pages.clear();
+    w.read_slot.clear();
+    if (!frozen_.empty() && frozen_[s] != 0) continue;
+    stats_.pages_bounded += static_cast<int64_t>(cold.pages(static_cast<int32_t>(s)).size());
+    if (w.records.size() < w.order.size() * rec) w.records.resize(w.order.size() * rec);
+    for (size_t i = 0; i < w.order.size(); ++i) {
+      read_refs_.push_back({static_cast<int32_t>(s), w.order[i]});
+      read_out_.push_back(w.records.data() + i * rec);
+    }
+  }
+  read_ok_.assign(read_refs_.size(), 0);
+  cold.read_many(read_refs_, read_out_, {reinterpret_cast<bool*>(read_ok_.data()), read_ok_.size()});
+  // Hits keep their slot in w.records (record index = position in w.order); measure_stream and
+  // settle_stream address a page's record through read_slot.
+  for (size_t i = 0; i < read_refs_.size(); ++i) {
+    StreamWork& w = work_[static_cast<size_t>(read_refs_[i].stream)];
+    if (read_ok_[i] == 0) {
       ++stats_.read_misses;
       continue;
     }
     ++stats_.pages_read;
     stats_.bytes_read += rec;
-    w.read_pages.push_back(p);
+    w.read_pages.push_back(read_refs_[i].page);
+    w.read_slot.push_back(static_cast<int32_t>((read_out_[i] - w.records.data()) / static_cast<std::ptrdiff_t>(rec)));
   }
 }
 
@@ -142,30 +166,30 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
   const int32_t hd = mc_.head_dim;
   const int32_t nq = static_cast<int32_t>(w.lse.size());
   const auto& pool = kv.pool();
-  const size_t row = pool.slot_bytes();
   const int32_t ps = pool.config().page_size;
   const size_t rec = pool.record_bytes();
   // Exact shares replace the bounds of the pages read. Per query vector: E = sum of shares.
   std::vector<double> exact_sum(static_cast<size_t>(nq), 0.0), bound_of_read(static_cast<size_t>(nq), 0.0);
   w.candidates.clear();
-  std::vector<float> k(static_cast<size_t>(ps) * hd);  // one cold page's keys, decoded once
+  // One cold page's logits for every query vector, by the kernels that score the hot set (a record lays out
+  // its keys as a pool page does): logits[v * n_slots + j] = q_v . k_j, in chunks of 8 query vectors.
+  std::vector<float> logits(static_cast<size_t>(nq) * ps);
   for (size_t i = 0; i < w.read_pages.size(); ++i) {
     const int32_t p = w.read_pages[i];
-    const uint8_t* record = w.records.data() + i * rec;
+    const uint8_t* record = w.records.data() + static_cast<size_t>(w.read_slot[i]) * rec;
     const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
+    const kernels::KvStreamView view{&record, page.n_slots, ps, hd, pool.config().kv_type, pool.v_offset()};
+    for (int32_t v0 = 0; v0 < nq; v0 += 8)
+      kernels::group_logits(view, w.q.data() + static_cast<size_t>(v0) * hd, std::min(8, nq - v0), 1.0f,
+                            logits.data() + static_cast<size_t>(v0) * page.n_slots);
     float best = kNegInf;
     double page_max_share = 0;
-    for (int32_t j = 0; j < page.n_slots; ++j)
-      kernels::kv_decode_row(record + static_cast<size_t>(j) * row, pool.config().kv_type, hd, k.data() + static_cast<size_t>(j) * hd);
     for (int32_t v = 0; v < nq; ++v) {
-      const float* q = w.q.data() + static_cast<size_t>(v) * hd;
+      const float* l = logits.data() + static_cast<size_t>(v) * page.n_slots;
       double share = 0;
       for (int32_t j = 0; j < page.n_slots; ++j) {
-        const float* kj = k.data() + static_cast<size_t>(j) * hd;
-        float dot = 0;
-        for (int32_t d = 0; d < hd; ++d) dot += q[d] * kj[d];
-        best = std::max(best, dot);
-        share += std::exp(std::min(80.0, static_cast<double>(dot - w.lse[static_cast<size_t>(v)])));
+        best = std::max(best, l[j]);
+        share += std::exp(std::min(80.0, static_cast<double>(l[j] - w.lse[static_cast<size_t>(v)])));
       }
       exact_sum[static_cast<size_t>(v)] += share;
       page_max_share = std::max(page_max_share, share);
@@ -173,7 +197,7 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
       bound_of_read[static_cast<size_t>(v)] +=
           std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
     }
-    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, static_cast<int32_t>(i)});
+    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, w.read_slot[i]});
   }
   // Drift of this stream: the bounded total (score_stream) with the pages read replaced by their exact share.
   double drift = 0;
@@ -206,9 +230,13 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   const int32_t tail_pos = kv.next_pos() - keep_tail_;
   for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j)
     if (kv.position(s, j) < tail_pos && (prot.prompt_end == 0 || kv.position(s, j) >= prot.prompt_end)) eligible.push_back(j);
-  std::sort(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) {
+  // Victims are taken from the front, at most as many as the candidates hold: order only that far.
+  size_t wanted = 0;
+  for (const Candidate& c : recall) wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
+  const auto by_score = [&](int32_t a, int32_t b) {
     return w.slot_max[static_cast<size_t>(a)] < w.slot_max[static_cast<size_t>(b)] || (w.slot_max[static_cast<size_t>(a)] == w.slot_max[static_cast<size_t>(b)] && a < b);
-  });
+  };
+  std::partial_sort(eligible.begin(), eligible.begin() + static_cast<std::ptrdiff_t>(std::min(wanted, eligible.size())), eligible.end(), by_score);
   std::sort(recall.begin(), recall.end(), [](const Candidate& a, const Candidate& b) { return a.best > b.best; });
   std::vector<int32_t> victims;
   std::vector<kv::SequenceKv::InsertedSlot> inserted;
@@ -313,10 +341,11 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   } else {
     for (int32_t s = 0; s < n_streams; ++s) score(s, 0);
   }
-  // Reads on this thread, stream by stream (the tier sees the same requests in the same order whatever the
+  const double t1 = now_s();
+  // Reads in one batch in stream order (the tier sees the same requests in the same order whatever the
   // pool), the exact measurements in parallel, the exchanges again here in stream order.
-  for (int32_t s = 0; s < n_streams; ++s)
-    if (!is_frozen(s)) read_stream(cold, s, kv.pool().record_bytes(), work_[static_cast<size_t>(s)]);
+  read_pages(cold, kv.pool().record_bytes());
+  const double t2 = now_s();
   auto measure = [&](int task, int) {
     if (!is_frozen(task)) work_[static_cast<size_t>(task)].drift = measure_stream(kv, cold, task, work_[static_cast<size_t>(task)]);
   };
@@ -325,6 +354,7 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   } else {
     for (int32_t s = 0; s < n_streams; ++s) measure(s, 0);
   }
+  const double t3 = now_s();
   double drift_sum = 0;
   int32_t scored = 0;
   keep_tail_ = std::max(1, std::min(rows_wanted, queries.count()));
@@ -338,7 +368,12 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   stats_.drift_last = scored > 0 ? drift_sum / scored : 0.0;
   stats_.drift_max = std::max(stats_.drift_max, stats_.drift_last);
   if (stats_.drift_first < 0) stats_.drift_first = stats_.drift_last;
-  stats_.seconds += now_s() - t0;
+  const double t4 = now_s();
+  stats_.seconds += t4 - t0;
+  stats_.score_seconds += t1 - t0;
+  stats_.read_seconds += t2 - t1;
+  stats_.measure_seconds += t3 - t2;
+  stats_.settle_seconds += t4 - t3;
   return stats_.slots_recalled - before;
 }
 

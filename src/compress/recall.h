@@ -49,6 +49,9 @@ struct RecallStats {
   int64_t read_misses = 0;     // pages the tier no longer had
   uint64_t bytes_read = 0;
   double seconds = 0;
+  // Where `seconds` went: digest bounds (+ hot logits where recomputed), tier reads, exact measurement
+  // of the pages read, exchanges (and the tier's commit).
+  double score_seconds = 0, read_seconds = 0, measure_seconds = 0, settle_seconds = 0;
   double drift_last = 0;       // the latest check's drift (mean over streams)
   double drift_max = 0;        // the largest over checks
   double drift_first = -1;     // the first check's (end of prefill: before the answer); -1 = no check
@@ -96,11 +99,12 @@ class Recall {
     std::vector<float> lse;       // per query row x head: log-sum-exp of the hot logits
     std::vector<float> slot_max;  // per hot slot: its logit, max over rows and heads (empty: not computed yet)
     std::vector<float> bound;     // per cold page: max over rows and heads of B_p - L (log share bound)
-    std::vector<int32_t> order;   // cold pages by decreasing bound
+    std::vector<int32_t> order;   // cold pages to read this check, by decreasing bound
     std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
     std::vector<float> page_bound;  // [page][query vector]: the digest bound of q.k (kernels::digest_bounds)
     std::vector<int32_t> read_pages;  // pages read this check (hits), in order
-    std::vector<uint8_t> records;     // their records, one cold record each
+    std::vector<int32_t> read_slot;   // where each hit's record sits in `records` (its index in `order`)
+    std::vector<uint8_t> records;     // one record per page of `order`
     std::vector<Candidate> candidates;
     double drift = 0;
   };
@@ -109,8 +113,8 @@ class Recall {
   // Hot logits of the stream for w.q: each slot's max into w.slot_max and, if `lse`, the log-sum-exp per
   // query vector into w.lse.
   void hot_scores(const kv::SequenceKv& kv, int32_t s, StreamWork& w, bool lse) const;
-  // Reads the stream's candidate pages (by decreasing bound, up to max_pages) into w.records; adds to stats_.
-  void read_stream(kv::EvictedKv& cold, int32_t s, size_t record_bytes, StreamWork& w);
+  // Reads every stream's w.order pages into its w.records with one batched tier call; adds to stats_.
+  void read_pages(kv::EvictedKv& cold, size_t record_bytes);
   // Exact shares of the pages read, the stream's drift, the pages worth recalling (w.candidates) and, for a
   // stream that will exchange, its hot slot scores. Read-only on kv and cold: runs in parallel over streams.
   double measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
@@ -122,6 +126,9 @@ class Recall {
   RecallStats stats_;
   std::vector<std::vector<float>> layer_queries_;  // [layer] recent rows, oldest first
   std::vector<StreamWork> work_;
+  std::vector<kv::EvictedKv::PageRef> read_refs_;  // read_pages' batch
+  std::vector<uint8_t*> read_out_;
+  std::vector<uint8_t> read_ok_;
   std::vector<uint8_t> frozen_;
   int32_t keep_tail_ = 1;
   bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot

@@ -12,6 +12,8 @@
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/key_scoring_internal.h"
 
 namespace kvpack::kernels::ks_detail {
@@ -58,17 +60,25 @@ void group_logits_avx512(const KvStreamView& kv, const float* q, int32_t group, 
 
 void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out) {
   auto half16 = [](const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
+  // Up to 8 query vectors per pass share each converted digest chunk (a check scores every cold page of a
+  // long context, and the f16 conversion was half the work); every (page, query) sum runs over the chunks
+  // in the same order as one query at a time would.
+  constexpr int32_t kBlock = 8;
   for (int32_t p = 0; p < n_pages; ++p) {
     const uint16_t* mn = digests + static_cast<long>(p) * 2 * hd;
     const uint16_t* mx = mn + hd;
-    for (int32_t v = 0; v < nq; ++v) {
-      const float* qv = q + static_cast<long>(v) * hd;
-      __m512 acc = _mm512_setzero_ps();
+    for (int32_t v0 = 0; v0 < nq; v0 += kBlock) {
+      const int32_t nv = std::min(kBlock, nq - v0);
+      __m512 acc[kBlock];
+      for (int32_t v = 0; v < nv; ++v) acc[v] = _mm512_setzero_ps();
       for (int32_t i = 0; i < hd; i += 16) {
-        const __m512 x = _mm512_loadu_ps(qv + i);
-        acc = _mm512_add_ps(acc, _mm512_max_ps(_mm512_mul_ps(x, half16(mn + i)), _mm512_mul_ps(x, half16(mx + i))));
+        const __m512 lo = half16(mn + i), hi = half16(mx + i);
+        for (int32_t v = 0; v < nv; ++v) {
+          const __m512 x = _mm512_loadu_ps(q + static_cast<long>(v0 + v) * hd + i);
+          acc[v] = _mm512_add_ps(acc[v], _mm512_max_ps(_mm512_mul_ps(x, lo), _mm512_mul_ps(x, hi)));
+        }
       }
-      out[static_cast<long>(p) * nq + v] = _mm512_reduce_add_ps(acc);
+      for (int32_t v = 0; v < nv; ++v) out[static_cast<long>(p) * nq + v0 + v] = _mm512_reduce_add_ps(acc[v]);
     }
   }
 }

@@ -29,6 +29,7 @@
 
 #include "kv/cold_tier.h"
 #include "kv/cold_tier_index.h"
+#include "util/huge_alloc.h"
 
 namespace kvpack::kv {
 
@@ -61,7 +62,7 @@ class HostColdTier final : public cold::IndexedTier {
   void read_many(std::span<const uint64_t> keys, std::span<uint8_t* const> out, std::span<bool> ok, bool take);
 
   const size_t slots_per_slab_;
-  std::vector<std::unique_ptr<uint8_t[]>> slabs_;
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> slabs_;  // huge_alloc: 2 MiB-aligned
   std::vector<uint64_t> checksum_;  // per slot touched
   bool logged_mismatch_ = false;
 };

@@ -185,6 +185,36 @@ bool EvictedKv::read(int32_t stream, int32_t page, std::span<uint8_t> out) {
   return true;
 }
 
+void EvictedKv::read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out, std::span<bool> ok) {
+  if (out.size() != refs.size() || ok.size() != refs.size()) throw std::invalid_argument("EvictedKv::read_many: spans of different lengths");
+  // Lost pages are not asked for; the rest go to the tier in the caller's order.
+  read_keys_.clear();
+  read_ptrs_.clear();
+  read_index_.clear();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    ok[i] = false;
+    const EvictedPage& p = streams_[static_cast<size_t>(refs[i].stream)].pages[static_cast<size_t>(refs[i].page)];
+    if (p.lost) continue;
+    read_keys_.push_back(p.key);
+    read_ptrs_.push_back(out[i]);
+    read_index_.push_back(i);
+  }
+  if (read_keys_.empty()) return;
+  auto got = std::make_unique<bool[]>(read_keys_.size());
+  tier_->get_many(read_keys_, read_ptrs_, {got.get(), read_keys_.size()});
+  for (size_t j = 0; j < read_keys_.size(); ++j) {
+    const size_t i = read_index_[j];
+    EvictedPage& p = streams_[static_cast<size_t>(refs[i].stream)].pages[static_cast<size_t>(refs[i].page)];
+    if (got[j]) {
+      ok[i] = true;
+      ++stats_.pages_read;
+    } else if (!p.lost) {  // a page asked for twice is counted lost once
+      p.lost = true;
+      ++stats_.pages_lost;
+    }
+  }
+}
+
 void EvictedKv::forget(int32_t stream, int32_t page) {
   EvictedPage& p = streams_[static_cast<size_t>(stream)].pages[static_cast<size_t>(page)];
   if (!p.lost) tier_->erase(p.key);

@@ -83,6 +83,13 @@ class EvictedKv {
   // Reads the record of a cold page (pool().record_bytes() bytes) into `out`; false when the tier no
   // longer has it (the page is then marked lost).
   bool read(int32_t stream, int32_t page, std::span<uint8_t> out);
+  // read() of many pages with one batched tier call (kv::ColdTier::get_many: one lock, copies spread over
+  // the tier's I/O threads): refs[i] = {stream, page} into out[i]; ok[i] false where read() would be.
+  struct PageRef {
+    int32_t stream;
+    int32_t page;
+  };
+  void read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out, std::span<bool> ok);
   // The page's slots are hot again (recall): its record leaves the tier and it is no longer recallable.
   void forget(int32_t stream, int32_t page);
   // Forgets every page holding a position >= pos (those tokens are being computed again).
@@ -114,6 +121,9 @@ class EvictedKv {
   std::vector<Staged> staged_;
   std::vector<uint64_t> stage_keys_;
   std::vector<const uint8_t*> stage_ptrs_;
+  std::vector<uint64_t> read_keys_;  // read_many's batch (kept: no allocation per check)
+  std::vector<uint8_t*> read_ptrs_;
+  std::vector<size_t> read_index_;
   std::vector<float> row_;  // one decoded key
   std::vector<float> box_;  // the open page's minima and maxima in f32 while add() fills it
   EvictedStats stats_;
