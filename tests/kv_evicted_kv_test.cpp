@@ -262,6 +262,56 @@ TEST_P(EvictedKvTest, RefusedAndDroppedRecordsAreLostPagesNotWrongBytes) {
 // The recall exchange at the KV level: a cold page's slots come back into the hot stream by
 // splice_stream, merged in position order, while as many kept slots go down; every slot then holds the
 // exact rows of its position, and a shared page before the first change is left untouched.
+// The batched read (recall's one tier call per check) returns what read() returns page by page: the same
+// bytes for pages the tier holds, false and a lost page for one it dropped, without asking the tier for a
+// page already lost.
+TEST_P(EvictedKvTest, ReadManyReturnsWhatReadReturnsPageByPage) {
+  PagePool pool(pool_config(std::get<0>(GetParam())));
+  auto tier = make_tier(pool, 64);
+  auto kv = random_sequence(pool, 2, 64, 5);
+  EvictedKv ev(*tier, pool, 4, 2);
+  const std::vector<int32_t> keep = {0, 1, 2, 3, 60, 61, 62, 63};
+  for (int32_t s = 0; s < 2; ++s) {
+    ev.add(*kv, s, keep);
+    kv->compact_stream(s, keep);
+  }
+  ev.commit();
+  tier->flush();
+  const size_t rec = pool.record_bytes();
+  std::vector<EvictedKv::PageRef> refs;
+  for (int32_t s = 1; s >= 0; --s)  // any order, streams interleaved
+    for (int32_t p = 0; p < static_cast<int32_t>(ev.pages(s).size()); ++p) refs.push_back({s, p});
+  ASSERT_GE(refs.size(), 4u);
+  tier->erase(ev.pages(0)[1].key);  // dropped by the tier: a miss
+  std::vector<uint8_t> batch(refs.size() * rec), one(rec);
+  std::vector<uint8_t*> out;
+  for (size_t i = 0; i < refs.size(); ++i) out.push_back(batch.data() + i * rec);
+  const std::span<const bool> ok = ev.read_many(refs, out);
+  ASSERT_EQ(ok.size(), refs.size());
+  int64_t hits = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const bool dropped = refs[i].stream == 0 && refs[i].page == 1;
+    EXPECT_EQ(ok[i], !dropped) << "ref " << i;
+    if (dropped) {
+      EXPECT_TRUE(ev.pages(0)[1].lost);
+      continue;
+    }
+    ++hits;
+    ASSERT_TRUE(ev.read(refs[i].stream, refs[i].page, one));
+    EXPECT_EQ(0, std::memcmp(one.data(), out[i], rec)) << "ref " << i;
+  }
+  EXPECT_EQ(ev.stats().pages_lost, 1);
+  EXPECT_EQ(ev.stats().pages_read, 2 * hits);  // the batch and the page-by-page reads
+  const uint64_t gets = tier->stats().gets;
+  const std::span<const bool> again = ev.read_many(std::span(refs).subspan(0, 0), {});
+  EXPECT_TRUE(again.empty());
+  std::vector<EvictedKv::PageRef> lost_only = {{0, 1}};
+  std::vector<uint8_t*> lost_out = {one.data()};
+  EXPECT_FALSE(ev.read_many(lost_only, lost_out)[0]);
+  EXPECT_EQ(tier->stats().gets, gets);  // a lost page is not asked for again
+  EXPECT_EQ(ev.stats().pages_lost, 1);
+}
+
 TEST_P(EvictedKvTest, SpliceBringsSlotsBackInPositionOrderWithTheirOwnRows) {
   PagePool pool(pool_config(std::get<0>(GetParam())));
   auto tier = make_tier(pool, 64);

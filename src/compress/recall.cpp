@@ -89,9 +89,9 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
       if (log_share > -60.0f) share_sum[static_cast<size_t>(v)] += static_cast<double>(std::exp(std::min(80.0f, log_share)));
     }
   }
-  // Only pages whose bound passes the read threshold are ever read (read_stream stops at the first below
-  // it, or after max_pages): order those alone, and only as far as the reads go (a long context's loose
-  // bounds pass by the hundred per stream).
+  // Only pages whose bound passes the read threshold are read (read_pages), at most max_pages of them
+  // unless read_all_: order those alone, and only as far as the reads go (a long context's loose bounds
+  // pass by the hundred per stream).
   const float threshold = std::log(cfg_.min_share);
   w.order.clear();
   for (size_t p = 0; p < pages.size(); ++p)
@@ -135,8 +135,7 @@ void Recall::read_pages(kv::EvictedKv& cold, size_t rec) {
   read_out_.clear();
   for (size_t s = 0; s < work_.size(); ++s) {
     StreamWork& w = work_[s];
-    w.read_pages.clear();
-    w.read_slot.clear();
+    w.reads.clear();
     if (!frozen_.empty() && frozen_[s] != 0) continue;
     stats_.pages_bounded += static_cast<int64_t>(cold.pages(static_cast<int32_t>(s)).size());
     if (w.records.size() < w.order.size() * rec) w.records.resize(w.order.size() * rec);
@@ -145,20 +144,19 @@ void Recall::read_pages(kv::EvictedKv& cold, size_t rec) {
       read_out_.push_back(w.records.data() + i * rec);
     }
   }
-  read_ok_.assign(read_refs_.size(), 0);
-  cold.read_many(read_refs_, read_out_, {reinterpret_cast<bool*>(read_ok_.data()), read_ok_.size()});
-  // Hits keep their slot in w.records (record index = position in w.order); measure_stream and
-  // settle_stream address a page's record through read_slot.
+  const std::span<const bool> ok = cold.read_many(read_refs_, read_out_);
+  // Hits keep their record where it was read to (index = the page's position in w.order; a stream's
+  // requests are consecutive in the batch).
+  int32_t record = 0;
   for (size_t i = 0; i < read_refs_.size(); ++i) {
-    StreamWork& w = work_[static_cast<size_t>(read_refs_[i].stream)];
-    if (read_ok_[i] == 0) {
+    record = i > 0 && read_refs_[i].stream == read_refs_[i - 1].stream ? record + 1 : 0;
+    if (!ok[i]) {
       ++stats_.read_misses;
       continue;
     }
     ++stats_.pages_read;
     stats_.bytes_read += rec;
-    w.read_pages.push_back(read_refs_[i].page);
-    w.read_slot.push_back(static_cast<int32_t>((read_out_[i] - w.records.data()) / static_cast<std::ptrdiff_t>(rec)));
+    work_[static_cast<size_t>(read_refs_[i].stream)].reads.push_back({read_refs_[i].page, record});
   }
 }
 
@@ -174,9 +172,9 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
   // One cold page's logits for every query vector, by the kernels that score the hot set (a record lays out
   // its keys as a pool page does): logits[v * n_slots + j] = q_v . k_j, in chunks of 8 query vectors.
   std::vector<float> logits(static_cast<size_t>(nq) * ps);
-  for (size_t i = 0; i < w.read_pages.size(); ++i) {
-    const int32_t p = w.read_pages[i];
-    const uint8_t* record = w.records.data() + static_cast<size_t>(w.read_slot[i]) * rec;
+  for (const StreamWork::Read& r : w.reads) {
+    const int32_t p = r.page;
+    const uint8_t* record = w.records.data() + static_cast<size_t>(r.record) * rec;
     const kv::EvictedPage page = cold.pages(s)[static_cast<size_t>(p)];
     const kernels::KvStreamView view{&record, page.n_slots, ps, hd, pool.config().kv_type, pool.v_offset()};
     for (int32_t v0 = 0; v0 < nq; v0 += 8)
@@ -197,7 +195,7 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
       bound_of_read[static_cast<size_t>(v)] +=
           std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
     }
-    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, w.read_slot[i]});
+    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, r.record});
   }
   // Drift of this stream: the bounded total (score_stream) with the pages read replaced by their exact share.
   double drift = 0;

@@ -102,8 +102,11 @@ class Recall {
     std::vector<int32_t> order;   // cold pages to read this check, by decreasing bound
     std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
     std::vector<float> page_bound;  // [page][query vector]: the digest bound of q.k (kernels::digest_bounds)
-    std::vector<int32_t> read_pages;  // pages read this check (hits), in order
-    std::vector<int32_t> read_slot;   // where each hit's record sits in `records` (its index in `order`)
+    struct Read {
+      int32_t page;
+      int32_t record;  // where its record sits in `records` (the page's index in `order`)
+    };
+    std::vector<Read> reads;          // pages read this check (hits), in order
     std::vector<uint8_t> records;     // one record per page of `order`
     std::vector<Candidate> candidates;
     double drift = 0;
@@ -128,7 +131,6 @@ class Recall {
   std::vector<StreamWork> work_;
   std::vector<kv::EvictedKv::PageRef> read_refs_;  // read_pages' batch
   std::vector<uint8_t*> read_out_;
-  std::vector<uint8_t> read_ok_;
   std::vector<uint8_t> frozen_;
   int32_t keep_tail_ = 1;
   bool read_all_ = false;                          // this check: positions >= next_pos - keep_tail_ stay hot

@@ -185,8 +185,14 @@ bool EvictedKv::read(int32_t stream, int32_t page, std::span<uint8_t> out) {
   return true;
 }
 
-void EvictedKv::read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out, std::span<bool> ok) {
-  if (out.size() != refs.size() || ok.size() != refs.size()) throw std::invalid_argument("EvictedKv::read_many: spans of different lengths");
+std::span<const bool> EvictedKv::read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out) {
+  if (out.size() != refs.size()) throw std::invalid_argument("EvictedKv::read_many: as many buffers as pages");
+  if (read_cap_ < refs.size()) {
+    read_cap_ = refs.size();
+    read_got_ = std::make_unique<bool[]>(read_cap_);
+    read_ok_ = std::make_unique<bool[]>(read_cap_);
+  }
+  const std::span<bool> ok(read_ok_.get(), refs.size());
   // Lost pages are not asked for; the rest go to the tier in the caller's order.
   read_keys_.clear();
   read_ptrs_.clear();
@@ -199,13 +205,12 @@ void EvictedKv::read_many(std::span<const PageRef> refs, std::span<uint8_t* cons
     read_ptrs_.push_back(out[i]);
     read_index_.push_back(i);
   }
-  if (read_keys_.empty()) return;
-  auto got = std::make_unique<bool[]>(read_keys_.size());
-  tier_->get_many(read_keys_, read_ptrs_, {got.get(), read_keys_.size()});
+  if (read_keys_.empty()) return ok;
+  tier_->get_many(read_keys_, read_ptrs_, {read_got_.get(), read_keys_.size()});
   for (size_t j = 0; j < read_keys_.size(); ++j) {
     const size_t i = read_index_[j];
     EvictedPage& p = streams_[static_cast<size_t>(refs[i].stream)].pages[static_cast<size_t>(refs[i].page)];
-    if (got[j]) {
+    if (read_got_[j]) {
       ok[i] = true;
       ++stats_.pages_read;
     } else if (!p.lost) {  // a page asked for twice is counted lost once
@@ -213,6 +218,7 @@ void EvictedKv::read_many(std::span<const PageRef> refs, std::span<uint8_t* cons
       ++stats_.pages_lost;
     }
   }
+  return ok;
 }
 
 void EvictedKv::forget(int32_t stream, int32_t page) {

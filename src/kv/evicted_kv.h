@@ -84,12 +84,13 @@ class EvictedKv {
   // longer has it (the page is then marked lost).
   bool read(int32_t stream, int32_t page, std::span<uint8_t> out);
   // read() of many pages with one batched tier call (kv::ColdTier::get_many: one lock, copies spread over
-  // the tier's I/O threads): refs[i] = {stream, page} into out[i]; ok[i] false where read() would be.
+  // the tier's I/O threads): refs[i] = {stream, page} into out[i]. Returns one flag per ref, false where
+  // read() would be; the flags live until the next call.
   struct PageRef {
     int32_t stream;
     int32_t page;
   };
-  void read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out, std::span<bool> ok);
+  std::span<const bool> read_many(std::span<const PageRef> refs, std::span<uint8_t* const> out);
   // The page's slots are hot again (recall): its record leaves the tier and it is no longer recallable.
   void forget(int32_t stream, int32_t page);
   // Forgets every page holding a position >= pos (those tokens are being computed again).
@@ -124,6 +125,8 @@ class EvictedKv {
   std::vector<uint64_t> read_keys_;  // read_many's batch (kept: no allocation per check)
   std::vector<uint8_t*> read_ptrs_;
   std::vector<size_t> read_index_;
+  std::unique_ptr<bool[]> read_got_, read_ok_;  // read_many's flags per key asked / per ref (read_cap_ each)
+  size_t read_cap_ = 0;
   std::vector<float> row_;  // one decoded key
   std::vector<float> box_;  // the open page's minima and maxima in f32 while add() fills it
   EvictedStats stats_;
