@@ -224,6 +224,43 @@ TEST(KernelsKeyScoring, DigestBoundsBoundEveryKeyOnEveryPath) {
   }
 }
 
+// page_shares: written out here from its definition (the f64 formula, std::exp); best is the same on
+// every path bitwise, the shares agree to ~1e-6 relative. The bounds span the cuts: shares below e^-60 are
+// left out, above e^80 clamped; lost pages (log_n = -inf) count nowhere; page counts that are not a
+// multiple of 16 exercise the vector path's tail.
+TEST(KernelsKeyScoring, PageSharesSumTheBoundedSharesOfLivePages) {
+  for (int32_t nq : {0, 1, 2, 3, 8, 64})
+  for (int32_t n_pages : {0, 1, 15, 16, 17, 100}) {
+    std::vector<float> bounds = normals(static_cast<size_t>(n_pages) * nq, 31), log_n(static_cast<size_t>(n_pages));
+    for (float& b : bounds) b *= 40.0f;  // from about -160 to +160: both cuts are crossed
+    for (int32_t p = 0; p < n_pages; ++p)
+      log_n[static_cast<size_t>(p)] = p % 7 == 3 ? -INFINITY : std::log(static_cast<float>(1 + p % 16));
+    const std::vector<float> lse = normals(static_cast<size_t>(nq), 32);
+    std::vector<float> want_best(static_cast<size_t>(n_pages));
+    std::vector<double> want_share(static_cast<size_t>(nq), 0.0);
+    for (int32_t p = 0; p < n_pages; ++p) {
+      float b = -INFINITY;
+      for (int32_t v = 0; v < nq && log_n[static_cast<size_t>(p)] > -INFINITY; ++v) {
+        const float ls = bounds[static_cast<size_t>(p * nq + v)] + log_n[static_cast<size_t>(p)] - lse[static_cast<size_t>(v)];
+        b = std::max(b, ls);
+        if (ls > -60.0f) want_share[static_cast<size_t>(v)] += std::exp(std::min(80.0, static_cast<double>(ls)));
+      }
+      want_best[static_cast<size_t>(p)] = b;
+    }
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!cpu_supports(isa, kKeyScoringIsa)) continue;
+      std::vector<float> best(static_cast<size_t>(n_pages), 7.0f);
+      std::vector<double> share(static_cast<size_t>(nq), 1.0);  // accumulated into
+      page_shares_on(isa, bounds.data(), log_n.data(), lse.data(), nq, n_pages, best.data(), share.data());
+      for (int32_t p = 0; p < n_pages; ++p)
+        EXPECT_EQ(best[static_cast<size_t>(p)], want_best[static_cast<size_t>(p)]) << isa_name(isa) << " nq " << nq << " page " << p;
+      for (int32_t v = 0; v < nq; ++v)
+        EXPECT_NEAR(share[static_cast<size_t>(v)], 1.0 + want_share[static_cast<size_t>(v)], 2e-6 * (1.0 + want_share[static_cast<size_t>(v)]))
+            << isa_name(isa) << " nq " << nq << " q " << v;
+    }
+  }
+}
+
 TEST(KernelsKeyScoring, RedundancyIsASoftmaxOverNonWindowKeys) {
   for (const Shape& sh : shapes()) {
     const Stream st(sh.type, sh.head_dim, sh.page_size, sh.n_slots, 14);

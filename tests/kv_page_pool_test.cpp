@@ -183,6 +183,25 @@ TEST(SequenceKv, CompactionSlidesSurvivorsForwardAndFreesTailPages) {
   EXPECT_EQ(check_all(pool, {&kv}), "");
 }
 
+// copy_positions returns what position() does slot by slot: full and partial last pages, after a
+// compaction (positions no longer consecutive) and for an empty stream.
+TEST(SequenceKv, CopyPositionsListsEverySlotsPosition) {
+  PagePool pool(small_pool(64));
+  SequenceKv kv(pool, 1, 2);
+  ASSERT_TRUE(kv.append(14, 100));  // 4 pages of 4, the last one half full
+  ASSERT_GE(kv.compact_stream(1, std::vector<int32_t>{0, 3, 4, 9, 13}), 0);
+  std::vector<int32_t> got = {-7};
+  for (int32_t s = 0; s < 2; ++s) {
+    kv.copy_positions(s, got);
+    ASSERT_EQ(static_cast<int32_t>(got.size()), kv.n_slots(s));
+    for (int32_t j = 0; j < kv.n_slots(s); ++j) EXPECT_EQ(got[static_cast<size_t>(j)], kv.position(s, j)) << s << " " << j;
+  }
+  EXPECT_EQ(got, (std::vector<int32_t>{100, 103, 104, 109, 113}));
+  ASSERT_GE(kv.compact_stream(0, std::vector<int32_t>{}), 0);
+  kv.copy_positions(0, got);
+  EXPECT_TRUE(got.empty());
+}
+
 TEST(SequenceKv, CompactionNeverWritesASharedPage) {
   PagePool pool(small_pool(64));
   SequenceKv a(pool, 1, 1);

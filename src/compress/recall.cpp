@@ -71,24 +71,20 @@ void Recall::score_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, i
     hot_scores(kv, s, w, true);
   // Cold bounds: log of the bounded share of each page against the hot mass, worst query vector.
   const auto pages = cold.pages(s);
-  w.bound.assign(pages.size(), kNegInf);
+  w.bound.resize(pages.size());
   std::vector<double>& share_sum = w.share_sum;
   share_sum.assign(static_cast<size_t>(nq), 0.0);
   w.page_bound.resize(pages.size() * static_cast<size_t>(nq));
   kernels::digest_bounds(w.q.data(), nq, hd, cold.digests(s).data(), static_cast<int32_t>(pages.size()), w.page_bound.data());
   const int32_t page_size = kv.pool().config().page_size;
   const float log_page = std::log(static_cast<float>(page_size));
-  for (size_t p = 0; p < pages.size(); ++p) {
-    if (pages[p].lost || pages[p].n_slots == 0) continue;
-    const float log_n = pages[p].n_slots == page_size ? log_page : std::log(static_cast<float>(pages[p].n_slots));
-    for (int32_t v = 0; v < nq; ++v) {
-      const float b = w.page_bound[p * static_cast<size_t>(nq) + static_cast<size_t>(v)];
-      const float log_share = b + log_n - w.lse[static_cast<size_t>(v)];
-      w.bound[p] = std::max(w.bound[p], log_share);
-      // Shares below e^-60 of the hot mass change no sum (and most loose bounds of a long context are there).
-      if (log_share > -60.0f) share_sum[static_cast<size_t>(v)] += static_cast<double>(std::exp(std::min(80.0f, log_share)));
-    }
-  }
+  w.log_n.resize(pages.size());
+  for (size_t p = 0; p < pages.size(); ++p)
+    w.log_n[p] = pages[p].lost || pages[p].n_slots == 0 ? kNegInf
+                 : pages[p].n_slots == page_size      ? log_page
+                                                      : std::log(static_cast<float>(pages[p].n_slots));
+  kernels::page_shares(w.page_bound.data(), w.log_n.data(), w.lse.data(), nq, static_cast<int32_t>(pages.size()), w.bound.data(),
+                       share_sum.data());
   // Only pages whose bound passes the read threshold are read (read_pages), at most max_pages of them
   // unless read_all_: order those alone, and only as far as the reads go (a long context's loose bounds
   // pass by the hundred per stream).

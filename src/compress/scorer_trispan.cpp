@@ -40,20 +40,13 @@ constexpr float kRecency = 0.5f;      // weight of recency against TriAttention'
 constexpr float kTier = 1000.0f;      // spans rank above every other slot (the other scores are z-scores)
 
 // FNV-1a over a stream's positions: streams with equal lists share one score vector.
-uint64_t positions_hash(const kv::SequenceKv& kv, int32_t s) {
-  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(kv.n_slots(s));
-  for (int32_t j = 0; j < kv.n_slots(s); ++j) {
-    h ^= static_cast<uint32_t>(kv.position(s, j));
+uint64_t positions_hash(const std::vector<int32_t>& pos) {
+  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(pos.size());
+  for (const int32_t p : pos) {
+    h ^= static_cast<uint32_t>(p);
     h *= 1099511628211ull;
   }
   return h;
-}
-
-bool same_positions(const kv::SequenceKv& kv, int32_t a, int32_t b) {
-  if (kv.n_slots(a) != kv.n_slots(b)) return false;
-  for (int32_t j = 0; j < kv.n_slots(a); ++j)
-    if (kv.position(a, j) != kv.position(b, j)) return false;
-  return true;
 }
 
 class TriSpanScorer final : public Scorer {
@@ -92,7 +85,12 @@ class TriSpanScorer final : public Scorer {
     } else {
       for (int32_t s = 0; s < S; ++s) task(s);
     }
-    for (const Group& g : groups_) group_scores(kv, g, use_tri, scores);
+    // Groups write disjoint score vectors (their own streams'): in parallel too.
+    if (in.pool != nullptr) {
+      in.pool->run(static_cast<int32_t>(groups_.size()), [&](int g, int) { group_scores(kv, groups_[static_cast<size_t>(g)], use_tri, scores); });
+    } else {
+      for (const Group& g : groups_) group_scores(kv, g, use_tri, scores);
+    }
     for (int32_t s = 0; s < S; ++s)
       if (in.is_frozen(s)) scores[static_cast<size_t>(s)].clear();
   }
@@ -104,33 +102,29 @@ class TriSpanScorer final : public Scorer {
     double n = 0, s1 = 0, s2 = 0;  // running moments of the novelty c
   };
   struct Group {
-    std::vector<int32_t> streams;
-    std::vector<int32_t> positions;  // the slots' positions (the same in every stream of the group)
+    std::vector<int32_t> streams;  // holding the same positions (positions_ of the first one)
   };
 
-  // Frozen streams (sliding-window layers) join no group: their slots are other tokens.
+  // Frozen streams (sliding-window layers) join no group: their slots are other tokens. Each stream's
+  // positions are copied once per event (positions_), page by page.
   void group_streams(const ScoringInputs& in) {
     const kv::SequenceKv& kv = in.kv;
     groups_.clear();
-    std::vector<uint64_t> hashes;
+    hashes_.clear();
+    positions_.resize(static_cast<size_t>(kv.n_streams()));
     for (int32_t s = 0; s < kv.n_streams(); ++s) {
       if (in.is_frozen(s)) continue;
-      const uint64_t h = positions_hash(kv, s);
+      std::vector<int32_t>& pos = positions_[static_cast<size_t>(s)];
+      kv.copy_positions(s, pos);
+      const uint64_t h = positions_hash(pos);
       size_t g = 0;
       for (; g < groups_.size(); ++g)
-        if (hashes[g] == h && same_positions(kv, groups_[g].streams[0], s)) break;
+        if (hashes_[g] == h && positions_[static_cast<size_t>(groups_[g].streams[0])] == pos) break;
       if (g == groups_.size()) {
         groups_.push_back({});
-        hashes.push_back(h);
+        hashes_.push_back(h);
       }
       groups_[g].streams.push_back(s);
-    }
-    group_of_.assign(static_cast<size_t>(kv.n_streams()), 0);
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (int32_t s : groups_[g].streams) group_of_[static_cast<size_t>(s)] = static_cast<int32_t>(g);
-      const int32_t s0 = groups_[g].streams[0], n = kv.n_slots(s0);
-      groups_[g].positions.resize(static_cast<size_t>(n));
-      for (int32_t j = 0; j < n; ++j) groups_[g].positions[static_cast<size_t>(j)] = kv.position(s0, j);
     }
     extend_inverse_rope(kv.next_pos());
   }
@@ -154,12 +148,13 @@ class TriSpanScorer final : public Scorer {
     StreamState& st = state_[static_cast<size_t>(s)];
     const int32_t n = kv.n_slots(s);
     int32_t from = n;  // slots are in position order: the unseen ones are a suffix
-    while (from > 0 && kv.position(s, from - 1) > st.last_pos) --from;
+    const std::vector<int32_t>& pos = positions_[static_cast<size_t>(s)];
+    while (from > 0 && pos[static_cast<size_t>(from - 1)] > st.last_pos) --from;
     nu.resize(static_cast<size_t>(n));
     if (n == 0) return;
     kernels::KeyUnrotate r;
     r.cs = inv_cs_.data();
-    r.positions = groups_[static_cast<size_t>(group_of_[static_cast<size_t>(s)])].positions.data();
+    r.positions = pos.data();
     r.rot_dims = mc_.rope_dims;
     r.neox = mc_.rope_neox;
     kernels::key_novelty(kv.view(s), r, from, st.sum.data(), nu.data());
@@ -170,7 +165,7 @@ class TriSpanScorer final : public Scorer {
       st.s1 += c;
       st.s2 += c * c;
     }
-    st.last_pos = std::max(st.last_pos, kv.position(s, n - 1));
+    st.last_pos = std::max(st.last_pos, pos[static_cast<size_t>(n - 1)]);
     const double mean = st.s1 / st.n;
     const double sd = std::max(std::sqrt(std::max(st.s2 / st.n - mean * mean, 0.0)), 1e-6);
     for (auto& x : nu) x = static_cast<float>((x - mean) / sd);
@@ -229,7 +224,8 @@ class TriSpanScorer final : public Scorer {
   const ModelConfig mc_;
   std::vector<StreamState> state_;
   std::vector<Group> groups_;
-  std::vector<int32_t> group_of_;
+  std::vector<uint64_t> hashes_;                // per group: positions_hash of its positions
+  std::vector<std::vector<int32_t>> positions_;  // per stream: its slots' positions (this event)
   std::vector<float> inv_cs_;   // inverse RoPE rows of positions [0, inv_positions_) (extend_inverse_rope)
   int32_t inv_positions_ = 0;
   std::vector<std::vector<float>> nov_, tri_;  // per-event, per stream

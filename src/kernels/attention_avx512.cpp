@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "kernels/attention_impl.h"
+#include "kernels/exp_avx512.h"
 
 namespace kvpack::kernels::attn_detail {
 namespace {
@@ -63,25 +64,6 @@ inline __m512 load(const uint8_t* block, size_t idx, __mmask16 m) {
     return cvtbf(_mm256_maskz_loadu_epi16(m, block + 2 * idx));
   else
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(block) + idx);
-}
-
-// exp(x), relative error ~1e-7 (Cephes expf polynomial, 2^n applied with vscalefps, so no overflow in the
-// exponent arithmetic). x <= -104 gives 0, NaN propagates.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // operand order: NaN in x is returned
-  x = _mm512_min_ps(_mm512_set1_ps(88.72f), x);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
 }
 
 inline float exp1(float x) { return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x))); }

@@ -70,7 +70,7 @@ void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, con
     throw std::invalid_argument("digest_bounds: invalid arguments");
   if (!cpu_supports(isa, kKeyScoringIsa))
     throw std::invalid_argument(std::string("digest_bounds_on: ") + isa_name(isa) + " is not available on this CPU");
-  if (isa == Isa::Avx512 && head_dim % 16 == 0)
+  if (isa == Isa::Avx512 && head_dim % 16 == 0 && head_dim <= 16 * ks_detail::kMaxDigestChunks)
     ks_detail::digest_bounds_avx512(q, nq, head_dim, digests, n_pages, out);
   else
     ks_detail::digest_bounds_scalar(q, nq, head_dim, digests, n_pages, out);
@@ -78,6 +78,24 @@ void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, con
 
 void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out) {
   digest_bounds_on(selected_isa(kKeyScoringIsa), q, nq, head_dim, digests, n_pages, out);
+}
+
+void page_shares_on(Isa isa, const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages,
+                    float* best, double* share) {
+  if (nq < 0 || n_pages < 0 || (n_pages > 0 && (log_n == nullptr || best == nullptr || (nq > 0 && bounds == nullptr))) ||
+      (nq > 0 && (lse == nullptr || share == nullptr)))
+    throw std::invalid_argument("page_shares: invalid arguments");
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("page_shares_on: ") + isa_name(isa) + " is not available on this CPU");
+  if (isa == Isa::Avx512)
+    ks_detail::page_shares_avx512(bounds, log_n, lse, nq, n_pages, best, share);
+  else
+    ks_detail::page_shares_scalar(bounds, log_n, lse, nq, n_pages, best, share);
+}
+
+void page_shares(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                 double* share) {
+  page_shares_on(selected_isa(kKeyScoringIsa), bounds, log_n, lse, nq, n_pages, best, share);
 }
 
 void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out) {

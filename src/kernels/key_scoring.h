@@ -15,7 +15,7 @@
 // Dispatch: kernels/cpu_features, family kKeyScoringIsa (KVPACK_ISA forces it like every family).
 // ISA-specific paths: tri_key_scores (AVX-512, F16 keys in NeoX layout: the production case, where
 // per-key work dominated a compaction event), group_logits (AVX-512, F16 keys, head_dim % 16 == 0, group
-// <= 8: recall's hot logits at every check), digest_bounds (AVX-512, head_dim % 16 == 0) and key_novelty
+// <= 8: recall's hot logits at every check), digest_bounds (AVX-512, head_dim % 16 == 0), page_shares (AVX-512) and key_novelty
 // (AVX-512, F16 keys, NeoX: TriSpan's per-key work at every event); every other
 // kernel, and these on avx2, is the scalar code. Arithmetic order is fixed per path, so results are
 // reproducible run to run (paths differ from each other by float rounding).
@@ -60,6 +60,19 @@ void group_logits_on(Isa isa, const KvStreamView& kv, const float* q, int32_t gr
 // f16 bits; out[p * nq + v] = Σ_i max(q_v[i] * min_p[i], q_v[i] * max_p[i]), q_v = q + v * head_dim, v < nq.
 void digest_bounds(const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out);
 void digest_bounds_on(Isa isa, const float* q, int32_t nq, int32_t head_dim, const uint16_t* digests, int32_t n_pages, float* out);
+
+// Recall's bounded page shares from digest_bounds' output: for each page p whose log_n[p] (log of its
+// slot count) is finite, and each query v < nq, ls = (bounds[p * nq + v] + log_n[p]) - lse[v] (f32, in
+// this order); best[p] = max_v ls (-inf for a page with log_n[p] = -inf: lost or empty); and
+// share[v] += exp(min(80, ls)) wherever ls > -60 (shares below e^-60 of the hot mass change no sum), the
+// exp in f32 and the sum in f64. share is accumulated into, not cleared. best is the same on every path;
+// share differs between paths by rounding (the AVX-512 exp is within ~1e-7 of std::exp, summed in another
+// order). The AVX-512 path: a check bounds every cold page of a long context and the scalar exp was as
+// costly as the bounds themselves.
+void page_shares(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                 double* share);
+void page_shares_on(Isa isa, const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages,
+                    float* best, double* share);
 
 // R-KV redundancy (triattention repo baselines/utils.py cal_similarity, sliced [:, :-w]): C = cosine
 // similarity of all n keys (zero diagonal); each row's newest near-duplicate (cos > 0.5) is exempted

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "kernels/exp_avx512.h"
 #include "kernels/key_scoring_internal.h"
 
 namespace kvpack::kernels::ks_detail {
@@ -60,26 +61,78 @@ void group_logits_avx512(const KvStreamView& kv, const float* q, int32_t group, 
 
 void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out) {
   auto half16 = [](const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
-  // Up to 8 query vectors per pass share each converted digest chunk (a check scores every cold page of a
-  // long context, and the f16 conversion was half the work); every (page, query) sum runs over the chunks
-  // in the same order as one query at a time would.
+  // max(q_i min_i, q_i max_i) is q_i max_i where q_i >= 0 and q_i min_i where q_i < 0 (rounding is
+  // monotone, so the products compare the same way): one blend, chosen by the query's sign mask computed
+  // once per call, and one fused multiply-add per element instead of two products, a max and an add. Up to
+  // 8 query vectors per pass share each converted digest chunk (a check scores every cold page of a long
+  // context; the f16 conversion and the arithmetic, not the memory, set the speed); two sums are reduced
+  // together.
   constexpr int32_t kBlock = 8;
-  for (int32_t p = 0; p < n_pages; ++p) {
-    const uint16_t* mn = digests + static_cast<long>(p) * 2 * hd;
-    const uint16_t* mx = mn + hd;
-    for (int32_t v0 = 0; v0 < nq; v0 += kBlock) {
-      const int32_t nv = std::min(kBlock, nq - v0);
+  const int32_t chunks = hd / 16;  // <= kMaxDigestChunks (digest_bounds_on routes larger head_dims to scalar)
+  __mmask16 neg[kBlock][kMaxDigestChunks];
+  for (int32_t v0 = 0; v0 < nq; v0 += kBlock) {
+    const int32_t nv = std::min(kBlock, nq - v0);
+    for (int32_t v = 0; v < nv; ++v)
+      for (int32_t c = 0; c < chunks; ++c)
+        neg[v][c] = _mm512_cmp_ps_mask(_mm512_loadu_ps(q + static_cast<long>(v0 + v) * hd + c * 16), _mm512_setzero_ps(), _CMP_LT_OQ);
+    for (int32_t p = 0; p < n_pages; ++p) {
+      const uint16_t* mn = digests + static_cast<long>(p) * 2 * hd;
+      const uint16_t* mx = mn + hd;
       __m512 acc[kBlock];
       for (int32_t v = 0; v < nv; ++v) acc[v] = _mm512_setzero_ps();
-      for (int32_t i = 0; i < hd; i += 16) {
-        const __m512 lo = half16(mn + i), hi = half16(mx + i);
-        for (int32_t v = 0; v < nv; ++v) {
-          const __m512 x = _mm512_loadu_ps(q + static_cast<long>(v0 + v) * hd + i);
-          acc[v] = _mm512_add_ps(acc[v], _mm512_max_ps(_mm512_mul_ps(x, lo), _mm512_mul_ps(x, hi)));
-        }
+      for (int32_t c = 0; c < chunks; ++c) {
+        const __m512 lo = half16(mn + c * 16), hi = half16(mx + c * 16);
+        for (int32_t v = 0; v < nv; ++v)
+          acc[v] = _mm512_fmadd_ps(_mm512_loadu_ps(q + static_cast<long>(v0 + v) * hd + c * 16), _mm512_mask_blend_ps(neg[v][c], hi, lo), acc[v]);
       }
-      for (int32_t v = 0; v < nv; ++v) out[static_cast<long>(p) * nq + v0 + v] = _mm512_reduce_add_ps(acc[v]);
+      float* o = out + static_cast<long>(p) * nq + v0;
+      int32_t v = 0;
+      for (; v + 1 < nv; v += 2) {  // a's and b's 128-bit quarters summed pairwise, then within the quarter
+        const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(acc[v], acc[v + 1], 0x44), _mm512_shuffle_f32x4(acc[v], acc[v + 1], 0xEE));
+        const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xB1));
+        const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
+        const __m512 x = _mm512_add_ps(w, _mm512_permute_ps(w, 0xB1));
+        o[v] = _mm512_cvtss_f32(x);
+        o[v + 1] = _mm_cvtss_f32(_mm512_extractf32x4_ps(x, 2));
+      }
+      if (v < nv) o[v] = _mm512_reduce_add_ps(acc[v]);
     }
+  }
+}
+
+void page_shares_avx512(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                        double* share) {
+  // One query at a time over all pages, 16 pages per vector: the bounds of query v are gathered with stride
+  // nq, best[] is kept in memory between queries (max is exact, so the order does not change it), and
+  // the shares go into two f64 accumulators of 8 lanes.
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  for (int32_t p0 = 0; p0 < n_pages; p0 += 16) {
+    const int32_t k = n_pages - p0;
+    const __mmask16 m = k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
+    _mm512_mask_storeu_ps(best + p0, m, neg_inf);
+  }
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int32_t v = 0; v < nq; ++v) {
+    const __m512 lse_v = _mm512_set1_ps(lse[v]);
+    __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+    for (int32_t p0 = 0; p0 < n_pages; p0 += 16) {
+      const int32_t k = n_pages - p0;
+      const __mmask16 m = k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
+      const __m512 ln = _mm512_maskz_loadu_ps(m, log_n + p0);
+      const __mmask16 live = _mm512_mask_cmp_ps_mask(m, ln, neg_inf, _CMP_GT_OQ);
+      if (live == 0) continue;
+      const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(p0), lane), _mm512_set1_epi32(nq)),
+                                           _mm512_set1_epi32(v));
+      const __m512 b = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, bounds, 4);
+      const __m512 ls = _mm512_sub_ps(_mm512_add_ps(b, ln), lse_v);
+      const __m512 old = _mm512_maskz_loadu_ps(m, best + p0);
+      _mm512_mask_storeu_ps(best + p0, live, _mm512_max_ps(old, ls));
+      const __m512 e = exp_ps(_mm512_min_ps(ls, _mm512_set1_ps(80.0f)));
+      const __mmask16 add = _mm512_mask_cmp_ps_mask(live, ls, _mm512_set1_ps(-60.0f), _CMP_GT_OQ);
+      acc0 = _mm512_mask_add_pd(acc0, static_cast<__mmask8>(add), acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+      acc1 = _mm512_mask_add_pd(acc1, static_cast<__mmask8>(add >> 8), acc1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    share[v] += _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
   }
 }
 

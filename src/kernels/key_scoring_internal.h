@@ -17,8 +17,13 @@ void group_logits_scalar(const KvStreamView& kv, const float* q, int32_t group, 
 // Requires F16 keys, head_dim % 16 == 0, 1 <= group <= 8 and an AVX-512 CPU.
 void group_logits_avx512(const KvStreamView& kv, const float* q, int32_t group, float scale, float* out);
 void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out);
-// Requires hd % 16 == 0 and an AVX-512 CPU.
+// Requires hd % 16 == 0, hd <= 16 * kMaxDigestChunks and an AVX-512 CPU.
+inline constexpr int32_t kMaxDigestChunks = 32;
 void digest_bounds_avx512(const float* q, int32_t nq, int32_t hd, const uint16_t* digests, int32_t n_pages, float* out);
+void page_shares_scalar(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                        double* share);
+void page_shares_avx512(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                        double* share);
 void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out);
 void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
 // dir = sum / ||sum|| in f32 (zeros for a zero sum): the direction key_novelty's cosines are taken against.

@@ -2,6 +2,7 @@
 // page at a time: a page's K block is page_size contiguous rows, so one kv_decode_row call covers it.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/key_scoring_internal.h"
@@ -106,6 +107,21 @@ void digest_bounds_scalar(const float* q, int32_t nq, int32_t hd, const uint16_t
       for (int32_t i = 0; i < hd; ++i) b += std::max(qv[i] * fp16_to_f32(mn[i]), qv[i] * fp16_to_f32(mx[i]));
       out[static_cast<size_t>(p) * nq + v] = b;
     }
+  }
+}
+
+void page_shares_scalar(const float* bounds, const float* log_n, const float* lse, int32_t nq, int32_t n_pages, float* best,
+                        double* share) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int32_t p = 0; p < n_pages; ++p) {
+    float b = neg_inf;
+    if (log_n[p] > neg_inf)
+      for (int32_t v = 0; v < nq; ++v) {
+        const float ls = bounds[static_cast<size_t>(p) * nq + v] + log_n[p] - lse[v];
+        b = std::max(b, ls);
+        if (ls > -60.0f) share[v] += static_cast<double>(std::exp(std::min(80.0f, ls)));
+      }
+    best[p] = b;
   }
 }
 

@@ -112,6 +112,16 @@ int32_t SequenceKv::position(int32_t stream, int32_t slot) const {
   return const_cast<SequenceKv*>(this)->position(stream, slot);
 }
 
+void SequenceKv::copy_positions(int32_t stream, std::vector<int32_t>& out) const {
+  const auto& st = streams_[static_cast<size_t>(stream)];
+  const int32_t ps = pool_->config().page_size;
+  out.resize(static_cast<size_t>(st.n_slots));
+  for (int32_t j = 0; j < st.n_slots; j += ps) {
+    const int32_t* src = pool_->positions(st.pages[static_cast<size_t>(j / ps)]);
+    std::copy(src, src + std::min(ps, st.n_slots - j), out.begin() + j);
+  }
+}
+
 kernels::KvStreamView SequenceKv::view(int32_t stream) const {
   const auto& s = streams_[static_cast<size_t>(stream)];
   kernels::KvStreamView v;

@@ -50,6 +50,9 @@ class SequenceKv {
   uint8_t* v_slot(int32_t stream, int32_t slot);
   int32_t& position(int32_t stream, int32_t slot);
   int32_t position(int32_t stream, int32_t slot) const;
+  // Every slot's position of one stream, in slot order, into out (resized to n_slots): page by page, for
+  // callers that need the whole list (position() per slot is a page-table lookup each).
+  void copy_positions(int32_t stream, std::vector<int32_t>& out) const;
 
   std::span<const PageId> page_table(int32_t stream) const { return streams_[static_cast<size_t>(stream)].pages; }
   kernels::KvStreamView view(int32_t stream) const;
