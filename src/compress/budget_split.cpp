@@ -12,13 +12,19 @@ BudgetSplitter::BudgetSplitter(const CompressConfig& cfg, int32_t n_layer, int32
     layer_budgets_ = pyramid_budgets(cfg.budget, n_layer, cfg.budget + cfg.interval, cfg.effective_window());
 }
 
-void BudgetSplitter::select(std::span<const StreamCandidates> streams, std::vector<std::vector<int32_t>>& keeps) const {
+void BudgetSplitter::select(std::span<const StreamCandidates> streams, std::vector<std::vector<int32_t>>& keeps,
+                            ThreadPool* pool) const {
   keeps.resize(streams.size());
   if (split_ != BudgetSplit::Ada) {
-    for (size_t s = 0; s < streams.size(); ++s) {
+    const auto one = [&](size_t s) {
       const StreamCandidates& c = streams[s];
       select_keep(c.scores, static_cast<int32_t>(c.scores.size()), layer_budgets_[s / static_cast<size_t>(n_head_kv_)], c.prot,
                   c.positions, keeps[s]);
+    };
+    if (pool != nullptr) {
+      pool->run(static_cast<int32_t>(streams.size()), [&](int s, int) { one(static_cast<size_t>(s)); });
+    } else {
+      for (size_t s = 0; s < streams.size(); ++s) one(s);
     }
     return;
   }

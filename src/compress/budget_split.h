@@ -10,6 +10,7 @@
 
 #include "compress/config.h"
 #include "compress/selection.h"
+#include "util/thread_pool.h"
 
 namespace kvpack::compress {
 
@@ -23,8 +24,11 @@ struct StreamCandidates {
 class BudgetSplitter {
  public:
   BudgetSplitter(const CompressConfig& cfg, int32_t n_layer, int32_t n_head_kv);
-  // keeps[s] (strictly increasing slot indices) for every stream s = layer * n_head_kv + kv_head.
-  void select(std::span<const StreamCandidates> streams, std::vector<std::vector<int32_t>>& keeps) const;
+  // keeps[s] (strictly increasing slot indices) for every stream s = layer * n_head_kv + kv_head. With a
+  // pool, uniform and pyramid select the streams in parallel (each writes its own keeps[s]; the result
+  // does not depend on the pool).
+  void select(std::span<const StreamCandidates> streams, std::vector<std::vector<int32_t>>& keeps,
+              ThreadPool* pool = nullptr) const;
 
  private:
   BudgetSplit split_;

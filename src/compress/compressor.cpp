@@ -222,7 +222,7 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       c.positions = pos;
     }
   }
-  splitter_.select(candidates_, keeps_);
+  splitter_.select(candidates_, keeps_, pool_);
 
   // Compact: survivors slide forward, tail pages go back to the pool; the H2O mass moves with them.
   const uint64_t slot_kv_bytes = 2 * kv.pool().slot_bytes();

@@ -26,7 +26,7 @@ int32_t QueryWindow::count() const { return static_cast<int32_t>(std::min<int64_
 void QueryWindow::recent(int32_t layer, std::vector<float>& out) const { recent(layer, window_, out); }
 
 void QueryWindow::recent(int32_t layer, int32_t max_rows, std::vector<float>& out) const {
-  const int32_t w = std::min(count(), max_rows);
+  const int32_t w = std::max(0, std::min(count(), max_rows));
   out.resize(static_cast<size_t>(w) * q_dim_);
   for (int32_t i = 0; i < w; ++i) {  // oldest first
     const int64_t slot = (seen_ - w + i) % window_;

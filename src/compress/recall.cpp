@@ -222,8 +222,10 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   // Never the slots of the query rows scored (they may be recomputed: SequenceCompressor::before_sample),
   // whatever the window says.
   const int32_t tail_pos = kv.next_pos() - keep_tail_;
+  std::vector<int32_t>& pos = w.positions;
+  kv.copy_positions(s, pos);
   for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j)
-    if (kv.position(s, j) < tail_pos && (prot.prompt_end == 0 || kv.position(s, j) >= prot.prompt_end)) eligible.push_back(j);
+    if (pos[static_cast<size_t>(j)] < tail_pos && (prot.prompt_end == 0 || pos[static_cast<size_t>(j)] >= prot.prompt_end)) eligible.push_back(j);
   // Victims are taken from the front, at most as many as the candidates hold: order only that far.
   size_t wanted = 0;
   for (const Candidate& c : recall) wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
@@ -319,10 +321,7 @@ int64_t Recall::run(kv::SequenceKv& kv, kv::EvictedKv& cold, const QueryWindow& 
   const double t0 = now_s();
   const int64_t before = stats_.slots_recalled;
   for (int32_t l = 0; l < mc_.n_layer; ++l) {
-    std::vector<float>& rows = layer_queries_[static_cast<size_t>(l)];
-    queries.recent(l, rows);
-    const size_t want = static_cast<size_t>(std::min(rows_wanted, queries.count())) * mc_.q_dim();
-    if (rows.size() > want) rows.erase(rows.begin(), rows.end() - static_cast<std::ptrdiff_t>(want));  // the latest
+    queries.recent(l, rows_wanted, layer_queries_[static_cast<size_t>(l)]);  // the latest rows only (the window holds more)
   }
   const int32_t n_streams = static_cast<int32_t>(work_.size());
   if (queries.count() == 0) return 0;

@@ -102,6 +102,7 @@ class Recall {
     std::vector<int32_t> order;   // cold pages to read this check, by decreasing bound
     std::vector<double> share_sum;  // per query vector: sum over cold pages of the bounded shares
     std::vector<float> page_bound;  // [page][query vector]: the digest bound of q.k (kernels::digest_bounds)
+    std::vector<int32_t> positions;  // the hot slots' positions (settle_stream, streams that exchange)
     std::vector<float> log_n;       // [page]: log of its slot count, -inf for a lost or empty page (kernels::page_shares)
     struct Read {
       int32_t page;
