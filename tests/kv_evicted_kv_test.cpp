@@ -89,6 +89,76 @@ std::vector<int32_t> random_keep(int32_t n, int32_t k, std::mt19937& rng) {
   return all;
 }
 
+// A host tier that counts its batched puts and remembers the largest (records).
+class CountingTier final : public ColdTier {
+ public:
+  CountingTier(uint64_t cap, size_t record) : inner_(cap, record) {}
+  const char* kind() const override { return inner_.kind(); }
+  size_t record_bytes() const override { return inner_.record_bytes(); }
+  bool put(uint64_t key, std::span<const uint8_t> data) override { return inner_.put(key, data); }
+  bool get(uint64_t key, std::span<uint8_t> out) override { return inner_.get(key, out); }
+  void erase(uint64_t key) override { inner_.erase(key); }
+  bool contains(uint64_t key) const override { return inner_.contains(key); }
+  void pin(uint64_t key, bool pinned) override { inner_.pin(key, pinned); }
+  void put_many(std::span<const uint64_t> keys, std::span<const uint8_t* const> data, std::span<bool> ok) override {
+    ++batches;
+    largest = std::max(largest, keys.size());
+    inner_.put_many(keys, data, ok);
+  }
+  ColdTierStats stats() const override { return inner_.stats(); }
+  int batches = 0;
+  size_t largest = 0;
+
+ private:
+  HostColdTier inner_;
+};
+
+// An event that evicts more than EvictedKv::kStageBytes goes to the tier in batches no larger than the
+// stage, and every slot still comes back bit-exact: a long prompt's first event is not staged whole.
+TEST(EvictedKvStage, AnEventLargerThanTheStageIsWrittenInBatches) {
+  PoolConfig c;
+  c.page_size = 16;
+  c.head_dim = 128;
+  c.kv_type = DType::F16;
+  const size_t per_stage = EvictedKv::kStageBytes / (2 * 16 * 128 * 2 + 16 * 4);  // records that fit the stage
+  const int32_t n = static_cast<int32_t>((per_stage + per_stage / 2) * 16 + 16);       // one stream: 1.5 stages
+  c.max_pages = n / 16 + 4;
+  PagePool pool(c);
+  ASSERT_EQ(pool.record_bytes(), 2 * 16 * 128 * 2 + 16 * 4);
+  CountingTier tier(static_cast<uint64_t>(c.max_pages) * pool.record_bytes(), pool.record_bytes());
+  SequenceKv kv(pool, 1, 1);
+  ASSERT_TRUE(kv.append(n, 0));
+  const size_t row = pool.slot_bytes();
+  for (int32_t j = 0; j < n; ++j)  // each slot's bytes name it
+    for (size_t b = 0; b < row; b += 4) {
+      std::memcpy(kv.k_slot(0, j) + b, &j, 4);
+      const int32_t w = ~j;
+      std::memcpy(kv.v_slot(0, j) + b, &w, 4);
+    }
+  std::vector<int32_t> keep;
+  for (int32_t j = 0; j < 16; ++j) keep.push_back(j);  // the first page stays, everything else goes down
+  EvictedKv ev(tier, pool, 3, 1);
+  ev.add(kv, 0, keep);
+  ev.commit();
+  EXPECT_EQ(tier.batches, 2);
+  EXPECT_LE(tier.largest * pool.record_bytes(), EvictedKv::kStageBytes);
+  ASSERT_EQ(ev.stats().slots_written, n - 16);
+  EXPECT_EQ(ev.stats().pages_lost, 0);
+  std::vector<uint8_t> record(pool.record_bytes());
+  int32_t want = 16;
+  for (int32_t p = 0; p < static_cast<int32_t>(ev.pages(0).size()); ++p) {
+    ASSERT_TRUE(ev.read(0, p, record)) << p;
+    for (int32_t j = 0; j < ev.pages(0)[static_cast<size_t>(p)].n_slots; ++j, ++want) {
+      int32_t k = 0, v = 0;
+      std::memcpy(&k, record.data() + static_cast<size_t>(j) * row + row - 4, 4);
+      std::memcpy(&v, record.data() + pool.v_offset() + static_cast<size_t>(j) * row, 4);
+      ASSERT_EQ(k, want) << p << " " << j;
+      ASSERT_EQ(v, ~want) << p << " " << j;
+    }
+  }
+  EXPECT_EQ(want, n);
+}
+
 class EvictedKvTest : public ::testing::TestWithParam<std::tuple<DType, std::string>> {
  protected:
   std::unique_ptr<ColdTier> make_tier(const PagePool& pool, int64_t records) {

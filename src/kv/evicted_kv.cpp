@@ -78,6 +78,8 @@ void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_
     }
     if (rec == nullptr || in_record == page_size_) {  // open a new record (page)
       if (rec != nullptr) close_box();
+      if (!staged_.empty() && stage_.size() + record > kStageBytes) commit();  // bounded staging
+      if (stage_.capacity() < stage_.size() + record) stage_.reserve(std::max(kStageBytes, record));  // once: no regrowth copies
       stage_.resize(stage_.size() + record);
       rec = stage_.data() + stage_.size() - record;
       std::memset(rec, 0, record);

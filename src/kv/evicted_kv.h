@@ -66,10 +66,14 @@ class EvictedKv {
   // or refuses, is lost in the copy only). Nothing may be staged (call between events).
   std::unique_ptr<EvictedKv> fork(uint64_t uid) const;
   // Stages the slots of `stream` that `keep` (strictly increasing slot indices of kv's stream) leaves out:
-  // call right before kv.compact_stream(stream, keep). Records go to the tier at commit().
+  // call right before kv.compact_stream(stream, keep). Records go to the tier at commit(), or earlier,
+  // batch by batch, once the staged bytes would pass kStageBytes: the first event after a long prompt
+  // evicts gigabytes, and staging all of it first held that much memory twice (and kept the capacity).
   void add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep);
   // Writes the staged records with one batched put (end of a compression event).
   void commit();
+  // The most record bytes staged at once (a decode-time event of a 28-layer, 8-KV-head model stages ~15 MiB).
+  static constexpr size_t kStageBytes = size_t{16} << 20;
 
   int32_t n_streams() const { return static_cast<int32_t>(streams_.size()); }
   int32_t head_dim() const { return head_dim_; }
