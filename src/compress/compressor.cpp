@@ -228,13 +228,39 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   const uint64_t slot_kv_bytes = 2 * kv.pool().slot_bytes();
   const uint64_t page_bytes = kv.pool().page_bytes();
   if (cfg_.naive && schedule_.events() == 0) naive_ = NaiveLayout(n_streams_, kv.pool().config().page_size);
+  // Streams that need no copy-on-write are compacted in batches whose slides run in parallel
+  // (SequenceKv::compact_streams); a stream that does need copies flushes the batch first and goes alone,
+  // so every check of free pages sees exactly what a stream-by-stream loop would.
+  batch_streams_.clear();
+  batch_keeps_.clear();
+  auto account = [&](int32_t s, int64_t compacted) {
+    const auto& keep = keeps_[static_cast<size_t>(s)];
+    const int32_t n = static_cast<int32_t>(keep.size()) + evicted_count_[static_cast<size_t>(s)];
+    // Naive mode reports what a non-compacting allocator would have freed instead.
+    const int64_t freed = cfg_.naive ? naive_.evict(s, keep) : compacted;
+    ev.evicted_slots += n - static_cast<int64_t>(keep.size());
+    ev.evicted_bytes += static_cast<uint64_t>(n - static_cast<int64_t>(keep.size())) * slot_kv_bytes;
+    ev.freed_pages += freed;
+    ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
+  };
+  auto flush_batch = [&] {
+    if (batch_streams_.empty()) return;
+    batch_freed_.assign(batch_streams_.size(), 0);
+    kv.compact_streams(batch_streams_, batch_keeps_, pool_, batch_freed_);
+    for (size_t i = 0; i < batch_streams_.size(); ++i) account(batch_streams_[i], batch_freed_[i]);
+    batch_streams_.clear();
+    batch_keeps_.clear();
+  };
+  evicted_count_.assign(static_cast<size_t>(n_streams_), 0);
   for (int32_t s = 0; s < n_streams_; ++s) {
     if (frozen(s)) continue;  // a sliding-window layer: left as it is
     const auto& keep = keeps_[static_cast<size_t>(s)];
     const int32_t n = kv.n_slots(s);
     if (cfg_.naive) naive_.sync(s, n);
     if (static_cast<int32_t>(keep.size()) >= n) continue;
-    if (kv.compaction_copies(s, keep) > kv.pool().free_pages()) {  // out of pages to copy shared ones into
+    const int64_t copies = kv.compaction_copies(s, keep);
+    if (copies > 0) flush_batch();  // the pages the batch frees count for this stream's check
+    if (copies > kv.pool().free_pages()) {  // out of pages to copy shared ones into
       ++ev.deferred_streams;
       continue;
     }
@@ -244,15 +270,17 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       evicted_->add(kv, s, keep);
       ev.cold_seconds += now_s() - c0;
     }
+    evicted_count_[static_cast<size_t>(s)] = n - static_cast<int32_t>(keep.size());
+    if (copies == 0) {
+      batch_streams_.push_back(s);
+      batch_keeps_.push_back(keep);
+      continue;
+    }
     const int64_t compacted = kv.compact_stream(s, keep);
     if (compacted < 0) throw std::logic_error("compaction: pool exhausted after the check");
-    // Naive mode reports what a non-compacting allocator would have freed instead.
-    const int64_t freed = cfg_.naive ? naive_.evict(s, keep) : compacted;
-    ev.evicted_slots += n - static_cast<int64_t>(keep.size());
-    ev.evicted_bytes += static_cast<uint64_t>(n - static_cast<int64_t>(keep.size())) * slot_kv_bytes;
-    ev.freed_pages += freed;
-    ev.freed_bytes += static_cast<uint64_t>(freed) * page_bytes;
+    account(s, compacted);
   }
+  flush_batch();
   if (evicted_ != nullptr) {
     const double c0 = now_s();
     evicted_->commit();

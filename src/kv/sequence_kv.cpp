@@ -211,6 +211,42 @@ int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep
   return pages_before - static_cast<int64_t>(s.pages.size());
 }
 
+void SequenceKv::compact_streams(std::span<const int32_t> streams, std::span<const std::span<const int32_t>> keeps,
+                                 ThreadPool* pool, std::span<int64_t> freed) {
+  if (keeps.size() != streams.size() || freed.size() != streams.size())
+    throw std::invalid_argument("compact_streams: one keep set and one result per stream");
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (compaction_copies(streams[i], keeps[i]) != 0) throw std::logic_error("compact_streams: a stream needs copy-on-write");
+  const int32_t ps = pool_->config().page_size;
+  const size_t row = pool_->slot_bytes();
+  const size_t voff = pool_->v_offset();
+  // No shared page is written (checked), so a slide reads and writes only its own stream's pages.
+  const auto slide = [&](size_t i) {
+    const auto& s = streams_[static_cast<size_t>(streams[i])];
+    const std::span<const int32_t> keep = keeps[i];
+    for (int32_t dst = first_moved(keep); dst < static_cast<int32_t>(keep.size()); ++dst) {
+      const int32_t src = keep[static_cast<size_t>(dst)];
+      const PageId sp = s.pages[static_cast<size_t>(src / ps)], dp = s.pages[static_cast<size_t>(dst / ps)];
+      const uint8_t* from = pool_->data(sp) + static_cast<size_t>(src % ps) * row;
+      uint8_t* to = pool_->data(dp) + static_cast<size_t>(dst % ps) * row;
+      std::memcpy(to, from, row);
+      std::memcpy(to + voff, from + voff, row);
+      pool_->positions(dp)[dst % ps] = pool_->positions(sp)[src % ps];
+    }
+  };
+  if (pool != nullptr) {
+    pool->run(static_cast<int32_t>(streams.size()), [&](int i, int) { slide(static_cast<size_t>(i)); });
+  } else {
+    for (size_t i = 0; i < streams.size(); ++i) slide(i);
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    auto& s = streams_[static_cast<size_t>(streams[i])];
+    const int64_t before = static_cast<int64_t>(s.pages.size());
+    shrink_to(s, static_cast<int32_t>(keeps[i].size()));
+    freed[i] = before - static_cast<int64_t>(s.pages.size());
+  }
+}
+
 bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, std::span<const InsertedSlot> insert) {
   auto& s = streams_[static_cast<size_t>(stream)];
   const int32_t ps = pool_->config().page_size;

@@ -5,7 +5,7 @@
 // slot s % page_size of page table[s / page_size]; positions(s) is the token position it came from.
 // RAII: the destructor releases every page it references.
 // Thread-safety: not thread-safe; one owner at a time. Different sequences on one pool must not be
-// mutated concurrently (the pool is shared).
+// mutated concurrently (the pool is shared). compact_streams spreads its copies over a thread pool itself.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -13,6 +13,7 @@
 
 #include "kernels/attention.h"
 #include "kv/page_pool.h"
+#include "util/thread_pool.h"
 
 namespace kvpack::kv {
 
@@ -63,6 +64,14 @@ class SequenceKv {
   // modified is copied first (copy-on-write). Returns the number of pages freed, or -1 with the stream
   // unchanged when the pool has fewer free pages than those copies need (compaction_copies).
   int64_t compact_stream(int32_t stream, std::span<const int32_t> keep);
+  // compact_stream of several streams, the slides spread over `pool` (nullptr: in order on the caller):
+  // streams[i] with keeps[i], each with compaction_copies == 0 (throws std::logic_error otherwise: a
+  // copy-on-write allocates from the pool, which is single-threaded). The slides touch only the streams'
+  // own pages; the emptied pages then go back to the pool on the caller, in the order given. freed[i] =
+  // what compact_stream would have returned. A compaction event moves most slots of every stream (~230 MB
+  // at 16K on a 28-layer, 8-KV-head model): on one thread that was a third of the event.
+  void compact_streams(std::span<const int32_t> streams, std::span<const std::span<const int32_t>> keeps,
+                       ThreadPool* pool, std::span<int64_t> freed);
   // Pages compact_stream(stream, keep) would copy before writing (shared pages it modifies): what it
   // needs free in the pool, before it gives any page back.
   int64_t compaction_copies(int32_t stream, std::span<const int32_t> keep) const;
