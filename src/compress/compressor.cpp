@@ -232,10 +232,10 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   // (SequenceKv::compact_streams); a stream that does need copies flushes the batch first and goes alone,
   // so every check of free pages sees exactly what a stream-by-stream loop would.
   batch_streams_.clear();
+  batch_slots_.clear();
   batch_keeps_.clear();
-  auto account = [&](int32_t s, int64_t compacted) {
+  auto account = [&](int32_t s, int32_t n, int64_t compacted) {  // n: the stream's slots before the event
     const auto& keep = keeps_[static_cast<size_t>(s)];
-    const int32_t n = static_cast<int32_t>(keep.size()) + evicted_count_[static_cast<size_t>(s)];
     // Naive mode reports what a non-compacting allocator would have freed instead.
     const int64_t freed = cfg_.naive ? naive_.evict(s, keep) : compacted;
     ev.evicted_slots += n - static_cast<int64_t>(keep.size());
@@ -247,11 +247,11 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     if (batch_streams_.empty()) return;
     batch_freed_.assign(batch_streams_.size(), 0);
     kv.compact_streams(batch_streams_, batch_keeps_, pool_, batch_freed_);
-    for (size_t i = 0; i < batch_streams_.size(); ++i) account(batch_streams_[i], batch_freed_[i]);
+    for (size_t i = 0; i < batch_streams_.size(); ++i) account(batch_streams_[i], batch_slots_[i], batch_freed_[i]);
     batch_streams_.clear();
+    batch_slots_.clear();
     batch_keeps_.clear();
   };
-  evicted_count_.assign(static_cast<size_t>(n_streams_), 0);
   for (int32_t s = 0; s < n_streams_; ++s) {
     if (frozen(s)) continue;  // a sliding-window layer: left as it is
     const auto& keep = keeps_[static_cast<size_t>(s)];
@@ -270,15 +270,15 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       evicted_->add(kv, s, keep);
       ev.cold_seconds += now_s() - c0;
     }
-    evicted_count_[static_cast<size_t>(s)] = n - static_cast<int32_t>(keep.size());
     if (copies == 0) {
       batch_streams_.push_back(s);
+      batch_slots_.push_back(n);
       batch_keeps_.push_back(keep);
       continue;
     }
     const int64_t compacted = kv.compact_stream(s, keep);
     if (compacted < 0) throw std::logic_error("compaction: pool exhausted after the check");
-    account(s, compacted);
+    account(s, n, compacted);
   }
   flush_batch();
   if (evicted_ != nullptr) {

@@ -150,7 +150,7 @@ class SequenceCompressor : public ForwardObserver {
   std::vector<std::vector<float>> scores_;
   std::vector<std::vector<int32_t>> keeps_, positions_;
   std::vector<StreamCandidates> candidates_;
-  std::vector<int32_t> batch_streams_, evicted_count_;  // compaction batches (compress())
+  std::vector<int32_t> batch_streams_, batch_slots_;  // compaction batch (compress()): streams, their slots before
   std::vector<std::span<const int32_t>> batch_keeps_;
   std::vector<int64_t> batch_freed_;
 };

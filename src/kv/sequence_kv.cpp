@@ -184,31 +184,35 @@ int64_t SequenceKv::compaction_copies(int32_t stream, std::span<const int32_t> k
 
 int64_t SequenceKv::compact_stream(int32_t stream, std::span<const int32_t> keep) {
   auto& s = streams_[static_cast<size_t>(stream)];
-  const int32_t ps = pool_->config().page_size;
-  const size_t row = pool_->slot_bytes();
-  const size_t voff = pool_->v_offset();
   const int64_t pages_before = static_cast<int64_t>(s.pages.size());
   // Unmodified (possibly shared) pages before the first moved slot are never touched; every shared page
   // after it is copied before its first write, so the copies must all be possible before anything moves.
-  int32_t dst = first_moved(keep);
-  if (shared_pages_in(s, dst, static_cast<int32_t>(keep.size())) > pool_->free_pages()) return -1;
+  if (shared_pages_in(s, first_moved(keep), static_cast<int32_t>(keep.size())) > pool_->free_pages()) return -1;
+  slide_kept(s, keep);
+  shrink_to(s, static_cast<int32_t>(keep.size()));
+  return pages_before - static_cast<int64_t>(s.pages.size());
+}
+
+void SequenceKv::slide_kept(Stream& s, std::span<const int32_t> keep) {
+  const int32_t ps = pool_->config().page_size;
+  const size_t row = pool_->slot_bytes();
+  const size_t voff = pool_->v_offset();
   size_t private_page = SIZE_MAX;
-  for (size_t i = static_cast<size_t>(dst); i < keep.size(); ++i, ++dst) {
-    const int32_t src = keep[i];
+  for (int32_t dst = first_moved(keep); dst < static_cast<int32_t>(keep.size()); ++dst) {
+    const int32_t src = keep[static_cast<size_t>(dst)];
     const size_t dpage = static_cast<size_t>(dst / ps);
     if (dpage != private_page) {
-      // first write into this destination page: copy-on-write if shared (checked above: cannot fail)
+      // first write into this destination page: copy-on-write if shared (the callers checked: cannot fail)
       if (!make_private(s, dpage)) throw std::logic_error("compact_stream: pool exhausted after the check");
       private_page = dpage;
     }
-    const uint8_t* sp = pool_->data(s.pages[static_cast<size_t>(src / ps)]) + static_cast<size_t>(src % ps) * row;
-    uint8_t* dp = pool_->data(s.pages[dpage]) + static_cast<size_t>(dst % ps) * row;
-    std::memcpy(dp, sp, row);
-    std::memcpy(dp + voff, sp + voff, row);
-    pool_->positions(s.pages[dpage])[dst % ps] = pool_->positions(s.pages[static_cast<size_t>(src / ps)])[src % ps];
+    const PageId sp = s.pages[static_cast<size_t>(src / ps)], dp = s.pages[dpage];
+    const uint8_t* from = pool_->data(sp) + static_cast<size_t>(src % ps) * row;
+    uint8_t* to = pool_->data(dp) + static_cast<size_t>(dst % ps) * row;
+    std::memcpy(to, from, row);
+    std::memcpy(to + voff, from + voff, row);
+    pool_->positions(dp)[dst % ps] = pool_->positions(sp)[src % ps];
   }
-  shrink_to(s, static_cast<int32_t>(keep.size()));
-  return pages_before - static_cast<int64_t>(s.pages.size());
 }
 
 void SequenceKv::compact_streams(std::span<const int32_t> streams, std::span<const std::span<const int32_t>> keeps,
@@ -217,23 +221,9 @@ void SequenceKv::compact_streams(std::span<const int32_t> streams, std::span<con
     throw std::invalid_argument("compact_streams: one keep set and one result per stream");
   for (size_t i = 0; i < streams.size(); ++i)
     if (compaction_copies(streams[i], keeps[i]) != 0) throw std::logic_error("compact_streams: a stream needs copy-on-write");
-  const int32_t ps = pool_->config().page_size;
-  const size_t row = pool_->slot_bytes();
-  const size_t voff = pool_->v_offset();
-  // No shared page is written (checked), so a slide reads and writes only its own stream's pages.
-  const auto slide = [&](size_t i) {
-    const auto& s = streams_[static_cast<size_t>(streams[i])];
-    const std::span<const int32_t> keep = keeps[i];
-    for (int32_t dst = first_moved(keep); dst < static_cast<int32_t>(keep.size()); ++dst) {
-      const int32_t src = keep[static_cast<size_t>(dst)];
-      const PageId sp = s.pages[static_cast<size_t>(src / ps)], dp = s.pages[static_cast<size_t>(dst / ps)];
-      const uint8_t* from = pool_->data(sp) + static_cast<size_t>(src % ps) * row;
-      uint8_t* to = pool_->data(dp) + static_cast<size_t>(dst % ps) * row;
-      std::memcpy(to, from, row);
-      std::memcpy(to + voff, from + voff, row);
-      pool_->positions(dp)[dst % ps] = pool_->positions(sp)[src % ps];
-    }
-  };
+  // No shared page is written (checked), so make_private allocates nothing and a slide reads and writes
+  // only its own stream's pages.
+  const auto slide = [&](size_t i) { slide_kept(streams_[static_cast<size_t>(streams[i])], keeps[i]); };
   if (pool != nullptr) {
     pool->run(static_cast<int32_t>(streams.size()), [&](int i, int) { slide(static_cast<size_t>(i)); });
   } else {

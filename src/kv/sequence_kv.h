@@ -146,6 +146,9 @@ class SequenceKv {
   bool make_private(Stream& s, size_t page_index);
   // Shared pages among the existing pages that hold slots [from, to) of `s`.
   int64_t shared_pages_in(const Stream& s, int32_t from, int32_t to) const;
+  // compact_stream's copies: keep[i] moves to slot i from the first slot that moves on, each destination
+  // page made private before its first write. Touches no pool state when no page written is shared.
+  void slide_kept(Stream& s, std::span<const int32_t> keep);
 
   PagePool* pool_;
   int32_t n_layers_, n_kv_heads_;
