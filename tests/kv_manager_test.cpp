@@ -209,3 +209,32 @@ TEST(KvManager, CopyOnWriteWithoutAFreePageRefusesAndChangesNothing) {
     EXPECT_EQ(reinterpret_cast<const float*>(b->k_slot(0, j))[0], static_cast<float>(t[static_cast<size_t>(keep[static_cast<size_t>(j)])] * 100)) << j;
   EXPECT_EQ(check(m, {a.get(), b.get()}), "");
 }
+
+// A recall exchange (as many slots in as out) writes only the slots whose source changes: a forked
+// choice that swaps one slot of its middle page copies that page alone; the pages before and after stay
+// shared with the parent, which still reads its own tokens.
+TEST(KvManager, SpliceWritesOnlyTheChangedRangeAndKeepsLaterPagesShared) {
+  KvManager m(pool_of(8), 1, 1);
+  const auto t = tokens(12, 50);
+  auto a = filled(m, t, 12);  // 3 full pages
+  auto b = m.fork_sequence(*a, 0);
+  const std::vector<PageId> a_pages(a->page_table(0).begin(), a->page_table(0).end());
+  const int64_t free_before = m.pool().free_pages();
+  std::vector<float> row(8, -7.0f);
+  const SequenceKv::InsertedSlot in{reinterpret_cast<const uint8_t*>(row.data()), reinterpret_cast<const uint8_t*>(row.data()), 5};
+  const std::vector<int32_t> keep = {0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11};  // slot 5 (page 1) goes, position 5 comes back
+  ASSERT_TRUE(b->splice_stream(0, keep, std::span(&in, 1)));
+  EXPECT_EQ(m.pool().free_pages(), free_before - 1);  // one copy-on-write page, no more
+  EXPECT_EQ(b->page_table(0)[0], a_pages[0]);
+  EXPECT_NE(b->page_table(0)[1], a_pages[1]);
+  EXPECT_EQ(b->page_table(0)[2], a_pages[2]);
+  EXPECT_EQ(reinterpret_cast<const float*>(b->k_slot(0, 5))[0], -7.0f);
+  for (int32_t j = 0; j < 12; ++j) {
+    EXPECT_EQ(b->position(0, j), j);
+    EXPECT_EQ(reinterpret_cast<const float*>(a->k_slot(0, j))[0], static_cast<float>(t[static_cast<size_t>(j)] * 100)) << j;
+    if (j != 5) {
+      EXPECT_EQ(reinterpret_cast<const float*>(b->k_slot(0, j))[0], static_cast<float>(t[static_cast<size_t>(j)] * 100)) << j;
+    }
+  }
+  EXPECT_EQ(check(m, {a.get(), b.get()}), "");
+}

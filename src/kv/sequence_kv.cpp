@@ -246,12 +246,9 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
   const size_t pages_new = (static_cast<size_t>(n_new) + ps - 1) / ps;
   if (pages_new > s.pages.size() && static_cast<int64_t>(pages_new - s.pages.size()) > pool_->free_pages()) return false;
   // The merged order: kept slots stay in order, inserted ones go before the first kept slot with a
-  // larger position. Slots [0, first) are unchanged.
-  struct Source {
-    int32_t kept;  // >= 0: a kept slot index; -1: insert[ins]
-    int32_t ins;
-  };
-  std::vector<Source> order;
+  // larger position.
+  std::vector<SpliceSource>& order = splice_.order;
+  order.clear();
   order.reserve(static_cast<size_t>(n_new));
   size_t i = 0, j = 0;
   while (i < keep.size() || j < insert.size()) {
@@ -259,26 +256,37 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
     if (take_insert) order.push_back({-1, static_cast<int32_t>(j++)});
     else order.push_back({keep[i++], -1});
   }
+  // Only slots [first, last) change: before `first` and from `last` on, each slot is the kept slot of
+  // the same index (a recall exchanges as many slots as it brings back, so the offset returns to zero
+  // after the last victim or insert, usually well before the stream's recent end).
   int32_t first = 0;
   while (first < n_new && order[static_cast<size_t>(first)].kept == first) ++first;
-  // New pages and copies of the shared pages written from `first` on, all before anything changes.
+  int32_t last = n_new;
+  while (last > first && order[static_cast<size_t>(last) - 1].kept == last - 1) --last;
+  // New pages and copies of the shared pages written in [first, last), all before anything changes.
   const int64_t grow = pages_new > s.pages.size() ? static_cast<int64_t>(pages_new - s.pages.size()) : 0;
-  if (grow + shared_pages_in(s, first, n_new) > pool_->free_pages()) return false;
-  // Copy the changed tail out first: sources and destinations overlap in both directions.
-  const size_t tail = static_cast<size_t>(n_new - first);
-  std::vector<uint8_t> k(tail * row), v(tail * row);
-  std::vector<int32_t> pos(tail);
-  for (size_t t = 0; t < tail; ++t) {
-    const Source& src = order[static_cast<size_t>(first) + t];
+  if (grow + shared_pages_in(s, first, last) > pool_->free_pages()) return false;
+  // Copy the changed range out first: sources and destinations overlap in both directions. The
+  // buffers are kept between calls: a fresh one per splice cost page faults on every exchange.
+  const size_t span = static_cast<size_t>(last - first);
+  if (splice_.k.size() < span * row) {
+    splice_.k.resize(span * row);
+    splice_.v.resize(span * row);
+  }
+  splice_.pos.resize(span);
+  uint8_t* const k = splice_.k.data();
+  uint8_t* const v = splice_.v.data();
+  for (size_t t = 0; t < span; ++t) {
+    const SpliceSource& src = order[static_cast<size_t>(first) + t];
     if (src.kept >= 0) {
-      std::memcpy(k.data() + t * row, k_slot(stream, src.kept), row);
-      std::memcpy(v.data() + t * row, v_slot(stream, src.kept), row);
-      pos[t] = position(stream, src.kept);
+      std::memcpy(k + t * row, k_slot(stream, src.kept), row);
+      std::memcpy(v + t * row, v_slot(stream, src.kept), row);
+      splice_.pos[t] = position(stream, src.kept);
     } else {
       const InsertedSlot& in = insert[static_cast<size_t>(src.ins)];
-      std::memcpy(k.data() + t * row, in.k, row);
-      std::memcpy(v.data() + t * row, in.v, row);
-      pos[t] = in.pos;
+      std::memcpy(k + t * row, in.k, row);
+      std::memcpy(v + t * row, in.v, row);
+      splice_.pos[t] = in.pos;
     }
   }
   while (s.pages.size() < pages_new) {
@@ -291,7 +299,7 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
     s.page_ptrs.push_back(pool_->data(p));
   }
   size_t private_page = SIZE_MAX;
-  for (size_t t = 0; t < tail; ++t) {
+  for (size_t t = 0; t < span; ++t) {
     const int32_t dst = first + static_cast<int32_t>(t);
     const size_t dpage = static_cast<size_t>(dst / ps);
     if (dpage != private_page) {
@@ -299,9 +307,9 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
       private_page = dpage;
     }
     uint8_t* dp = pool_->data(s.pages[dpage]) + static_cast<size_t>(dst % ps) * row;
-    std::memcpy(dp, k.data() + t * row, row);
-    std::memcpy(dp + voff, v.data() + t * row, row);
-    pool_->positions(s.pages[dpage])[dst % ps] = pos[t];
+    std::memcpy(dp, k + t * row, row);
+    std::memcpy(dp + voff, v + t * row, row);
+    pool_->positions(s.pages[dpage])[dst % ps] = splice_.pos[t];
   }
   shrink_to(s, n_new);
   return true;

@@ -91,7 +91,8 @@ class SequenceKv {
   // order (insert sorted by position, no position shared with a kept slot). Slots before the first
   // change stay where they are (shared pages are copied before any write, as in compact_stream); the
   // stream may grow (new pages from the pool) or shrink (emptied pages return). False, with the stream
-  // unchanged, when the pool cannot supply the pages.
+  // unchanged, when the pool cannot supply the pages. Only the slots whose source changes are written
+  // (through buffers the sequence keeps for its next splice: the changed range's K/V rows).
   bool splice_stream(int32_t stream, std::span<const int32_t> keep, std::span<const InsertedSlot> insert);
   // Prefix sharing: appends one full page of `page_size` tokens to every stream by referencing
   // existing pages (pages_per_stream[stream], e.g. from the prefix cache) instead of computing them.
@@ -149,6 +150,17 @@ class SequenceKv {
   // compact_stream's copies: keep[i] moves to slot i from the first slot that moves on, each destination
   // page made private before its first write. Touches no pool state when no page written is shared.
   void slide_kept(Stream& s, std::span<const int32_t> keep);
+  // splice_stream's working memory, kept between calls (a recall check splices a few streams each time).
+  struct SpliceSource {
+    int32_t kept;  // >= 0: a kept slot index; -1: insert[ins]
+    int32_t ins;
+  };
+  struct SpliceScratch {
+    std::vector<SpliceSource> order;
+    std::vector<uint8_t> k, v;
+    std::vector<int32_t> pos;
+  };
+  SpliceScratch splice_;
 
   PagePool* pool_;
   int32_t n_layers_, n_kv_heads_;
