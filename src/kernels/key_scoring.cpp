@@ -112,7 +112,7 @@ void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, dou
 }
 
 bool key_novelty_has_avx512_path(const KvStreamView& kv, const KeyUnrotate& r) {
-  return kv.kv_type == DType::F16 && kv.head_dim % 16 == 0 && kv.head_dim <= 1024 &&
+  return kv.kv_type == DType::F16 && kv.head_dim % 16 == 0 && kv.head_dim <= ks_detail::kMaxNoveltyDim &&
          (r.rot_dims == 0 || (r.neox && (r.rot_dims / 2) % 16 == 0));
 }
 
@@ -124,12 +124,7 @@ void key_novelty_on(Isa isa, const KvStreamView& kv, const KeyUnrotate& r, int32
     ks_detail::key_novelty_scalar(kv, r, from, sum, out);
     return;
   }
-  const int32_t n = kv.n_slots, hd = kv.head_dim;
-  std::vector<float> keys(static_cast<size_t>(n) * hd);
-  ks_detail::novelty_unit_keys_avx512(kv, r, from, sum, keys.data());
-  std::vector<float> dir(static_cast<size_t>(hd));
-  ks_detail::unit_direction(sum, hd, dir.data());
-  ks_detail::rows_dot_avx512(keys.data(), n, hd, dir.data(), out);
+  ks_detail::key_novelty_avx512(kv, r, from, sum, out);
 }
 
 const char* key_scoring_isa() { return isa_name(selected_isa(kKeyScoringIsa)); }

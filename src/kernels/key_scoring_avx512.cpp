@@ -165,48 +165,65 @@ void page_shares_avx512(const float* bounds, const float* log_n, const float* ls
   }
 }
 
-void novelty_unit_keys_avx512(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* keys) {
+void key_novelty_avx512(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out) {
   const int32_t hd = kv.head_dim, ps = kv.page_size, n_slots = kv.n_slots, half = r.rot_dims / 2;
   // (cos, sin) pairs of a table row -> a vector of 16 cosines and one of 16 sines.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  for (int32_t j = 0; j < n_slots; ++j) {
+  // One unit pre-RoPE key at a time in a stack buffer (L1) instead of all of them in an n_slots x
+  // head_dim f32 array: that array (1.1 MB per stream at 2K slots) was allocated, zeroed, written and read
+  // back for every stream at every event, and pushed the stream's keys out of L2 before the TriAttention
+  // pass read them again. The slots >= from are un-rotated twice (once for the sum, once for the dot):
+  // a decode-time event adds ~128 of ~2K.
+  constexpr int32_t kRotAhead = 4;
+  alignas(64) float k[kMaxNoveltyDim];
+  alignas(64) float dir[kMaxNoveltyDim];
+  auto unit_key = [&](int32_t j) {
     const auto* key = reinterpret_cast<const uint16_t*>(kv.pages[j / ps]) + static_cast<long>(j % ps) * hd;
-    float* k = keys + static_cast<long>(j) * hd;
+    // The same row of the next page, and the rotation row a few slots on: pages are scattered over the
+    // pool and positions over the table, so the hardware prefetcher stops at each page's end.
+    if (j + ps < n_slots) {
+      const auto* next = reinterpret_cast<const char*>(reinterpret_cast<const uint16_t*>(kv.pages[j / ps + 1]) + static_cast<long>(j % ps) * hd);
+      for (int32_t o = 0; o < hd * 2; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+    }
+    if (half > 0 && r.positions != nullptr && j + kRotAhead < n_slots) {
+      const auto* row = reinterpret_cast<const char*>(r.cs + static_cast<long>(r.positions[j + kRotAhead]) * r.rot_dims);
+      for (int32_t o = 0; o < r.rot_dims * 4; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+    }
     for (int32_t e = 0; e < hd; e += 16)
-      _mm512_storeu_ps(k + e, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + e))));
+      _mm512_store_ps(k + e, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + e))));
     if (half > 0) {
       const long row = r.positions != nullptr ? r.positions[j] : j;
       const float* cs = r.cs + row * r.rot_dims;
       for (int32_t i = 0; i < half; i += 16) {
         const __m512 a0 = _mm512_loadu_ps(cs + 2 * i), a1 = _mm512_loadu_ps(cs + 2 * i + 16);
         const __m512 c = _mm512_permutex2var_ps(a0, even, a1), s = _mm512_permutex2var_ps(a0, odd, a1);
-        const __m512 x = _mm512_loadu_ps(k + i), y = _mm512_loadu_ps(k + i + half);
+        const __m512 x = _mm512_load_ps(k + i), y = _mm512_load_ps(k + i + half);
         // Products and differences as the scalar rope_apply rounds them (no fused multiply-add).
-        _mm512_storeu_ps(k + i, _mm512_sub_ps(_mm512_mul_ps(x, c), _mm512_mul_ps(y, s)));
-        _mm512_storeu_ps(k + i + half, _mm512_add_ps(_mm512_mul_ps(x, s), _mm512_mul_ps(y, c)));
+        _mm512_store_ps(k + i, _mm512_sub_ps(_mm512_mul_ps(x, c), _mm512_mul_ps(y, s)));
+        _mm512_store_ps(k + i + half, _mm512_add_ps(_mm512_mul_ps(x, s), _mm512_mul_ps(y, c)));
       }
     }
     __m512d ss = _mm512_setzero_pd();
     for (int32_t e = 0; e < hd; e += 8) {
-      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(k + e));
+      const __m512d v = _mm512_cvtps_pd(_mm256_load_ps(k + e));
       ss = _mm512_fmadd_pd(v, v, ss);
     }
     const double s2 = _mm512_reduce_add_pd(ss);
     const float inv = s2 > 0 ? static_cast<float>(1.0 / _mm_cvtsd_f64(_mm_sqrt_sd(_mm_setzero_pd(), _mm_set_sd(s2)))) : 0.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
-    for (int32_t e = 0; e < hd; e += 16) _mm512_storeu_ps(k + e, _mm512_mul_ps(_mm512_loadu_ps(k + e), vinv));
-    if (j >= from)
-      for (int32_t e = 0; e < hd; e += 8)
-        _mm512_storeu_pd(sum + e, _mm512_add_pd(_mm512_loadu_pd(sum + e), _mm512_cvtps_pd(_mm256_loadu_ps(k + e))));
+    for (int32_t e = 0; e < hd; e += 16) _mm512_store_ps(k + e, _mm512_mul_ps(_mm512_load_ps(k + e), vinv));
+  };
+  for (int32_t j = from; j < n_slots; ++j) {  // the stream's new slots join its running sum
+    unit_key(j);
+    for (int32_t e = 0; e < hd; e += 8)
+      _mm512_storeu_pd(sum + e, _mm512_add_pd(_mm512_loadu_pd(sum + e), _mm512_cvtps_pd(_mm256_load_ps(k + e))));
   }
-}
-
-void rows_dot_avx512(const float* rows, int32_t n, int32_t hd, const float* dir, float* out) {
-  for (int32_t j = 0; j < n; ++j) {
-    const float* k = rows + static_cast<long>(j) * hd;
+  unit_direction(sum, hd, dir);
+  for (int32_t j = 0; j < n_slots; ++j) {
+    unit_key(j);
     __m512 acc = _mm512_setzero_ps();
-    for (int32_t e = 0; e < hd; e += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(k + e), _mm512_loadu_ps(dir + e), acc);
+    for (int32_t e = 0; e < hd; e += 16) acc = _mm512_fmadd_ps(_mm512_load_ps(k + e), _mm512_load_ps(dir + e), acc);
     out[j] = _mm512_reduce_add_ps(acc);
   }
 }

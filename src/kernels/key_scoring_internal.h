@@ -28,9 +28,9 @@ void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out);
 void key_novelty_scalar(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
 // dir = sum / ||sum|| in f32 (zeros for a zero sum): the direction key_novelty's cosines are taken against.
 void unit_direction(const double* sum, int32_t hd, float* dir);
-// key_novelty's AVX-512 halves (key_novelty_has_avx512_path): unit pre-RoPE keys into keys (n_slots x
-// head_dim) with sum[e] += u_j[e] for j >= from; then out[j] = keys_j . dir.
-void novelty_unit_keys_avx512(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* keys);
-void rows_dot_avx512(const float* rows, int32_t n, int32_t hd, const float* dir, float* out);
+// key_novelty on AVX-512 (key_novelty_has_avx512_path, head_dim <= kMaxNoveltyDim): sum[e] += u_j[e] for
+// j >= from, then out[j] = u_j . dir with dir = unit_direction(sum).
+inline constexpr int32_t kMaxNoveltyDim = 1024;
+void key_novelty_avx512(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out);
 
 }  // namespace kvpack::kernels::ks_detail
