@@ -17,6 +17,7 @@
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
 #include "kv_cold_tier_util.h"
+#include "util/thread_pool.h"
 
 namespace kvpack::kv {
 namespace {
@@ -380,6 +381,72 @@ TEST_P(EvictedKvTest, ReadManyReturnsWhatReadReturnsPageByPage) {
   EXPECT_FALSE(ev.read_many(lost_only, lost_out)[0]);
   EXPECT_EQ(tier->stats().gets, gets);  // a lost page is not asked for again
   EXPECT_EQ(ev.stats().pages_lost, 1);
+}
+
+// add_many over a thread pool is add() stream by stream: the same pages (keys, slot counts, positions),
+// the same digests and the same record bytes in the tier, over two events on five streams with random
+// keep sets (some streams keep everything, one evicts all but one slot).
+TEST_P(EvictedKvTest, AddManyOnAPoolIsAddStreamByStream) {
+  PagePool pool_a(pool_config(std::get<0>(GetParam()))), pool_b(pool_config(std::get<0>(GetParam())));
+  auto tier_a = make_tier(pool_a, 200);
+  HostColdTier tier_b(200 * pool_b.record_bytes(), pool_b.record_bytes());
+  constexpr int32_t kStreams = 5;
+  auto kv_a = random_sequence(pool_a, kStreams, 40, 11);
+  auto kv_b = random_sequence(pool_b, kStreams, 40, 11);
+  EvictedKv ev_a(*tier_a, pool_a, 9, kStreams), ev_b(tier_b, pool_b, 9, kStreams);
+  ThreadPool threads(2);
+  std::mt19937 rng(17);
+  for (int event = 0; event < 2; ++event) {
+    std::vector<std::vector<int32_t>> keeps(kStreams);
+    std::vector<int32_t> streams;
+    for (int32_t s = 0; s < kStreams; ++s) {
+      const int32_t n = kv_a->n_slots(s);
+      const int32_t k = s == 1 ? n : s == 3 ? 1 : std::max<int32_t>(1, n / (2 + s));
+      keeps[static_cast<size_t>(s)] = random_keep(n, k, rng);
+      streams.push_back(s);
+    }
+    std::vector<std::span<const int32_t>> spans(keeps.begin(), keeps.end());
+    for (int32_t s = 0; s < kStreams; ++s) ev_a.add(*kv_a, s, keeps[static_cast<size_t>(s)]);
+    ev_b.add_many(*kv_b, streams, spans, &threads);
+    for (int32_t s = 0; s < kStreams; ++s) {
+      kv_a->compact_stream(s, keeps[static_cast<size_t>(s)]);
+      kv_b->compact_stream(s, keeps[static_cast<size_t>(s)]);
+    }
+    ev_a.commit();
+    ev_b.commit();
+    ASSERT_TRUE(kv_a->append(13, 200 + 13 * event));  // fresh slots for the next event, the same bytes in both
+    ASSERT_TRUE(kv_b->append(13, 200 + 13 * event));
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> row(kHeadDim);
+    for (int32_t s = 0; s < kStreams; ++s)
+      for (int32_t j = kv_a->n_slots(s) - 13; j < kv_a->n_slots(s); ++j) {
+        for (float& x : row) x = dist(rng);
+        kernels::kv_encode_row(row.data(), pool_a.config().kv_type, kHeadDim, kv_a->k_slot(s, j));
+        kernels::kv_encode_row(row.data(), pool_b.config().kv_type, kHeadDim, kv_b->k_slot(s, j));
+        kernels::kv_encode_row(row.data(), pool_a.config().kv_type, kHeadDim, kv_a->v_slot(s, j));
+        kernels::kv_encode_row(row.data(), pool_b.config().kv_type, kHeadDim, kv_b->v_slot(s, j));
+      }
+  }
+  tier_a->flush();
+  std::vector<uint8_t> rec_a(pool_a.record_bytes()), rec_b(pool_b.record_bytes());
+  EXPECT_EQ(ev_a.stats().slots_written, ev_b.stats().slots_written);
+  EXPECT_GT(ev_b.stats().slots_written, 0);
+  for (int32_t s = 0; s < kStreams; ++s) {
+    ASSERT_EQ(ev_a.pages(s).size(), ev_b.pages(s).size()) << s;
+    for (int32_t p = 0; p < static_cast<int32_t>(ev_a.pages(s).size()); ++p) {
+      const EvictedPage& a = ev_a.pages(s)[static_cast<size_t>(p)];
+      const EvictedPage& b = ev_b.pages(s)[static_cast<size_t>(p)];
+      EXPECT_EQ(a.key, b.key);
+      EXPECT_EQ(a.n_slots, b.n_slots);
+      EXPECT_EQ(a.first_pos, b.first_pos);
+      EXPECT_EQ(a.last_pos, b.last_pos);
+      const auto da = ev_a.digest(s, p), db = ev_b.digest(s, p);
+      EXPECT_TRUE(std::equal(da.begin(), da.end(), db.begin(), db.end())) << s << " " << p;
+      ASSERT_TRUE(ev_a.read(s, p, rec_a));
+      ASSERT_TRUE(ev_b.read(s, p, rec_b));
+      EXPECT_EQ(0, std::memcmp(rec_a.data(), rec_b.data(), rec_a.size())) << s << " " << p;
+    }
+  }
 }
 
 TEST_P(EvictedKvTest, SpliceBringsSlotsBackInPositionOrderWithTheirOwnRows) {

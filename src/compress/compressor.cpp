@@ -245,6 +245,11 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   };
   auto flush_batch = [&] {
     if (batch_streams_.empty()) return;
+    if (evicted_ != nullptr) {  // the batch's evicted slots to the cold tier before the survivors slide over them
+      const double c0 = now_s();
+      evicted_->add_many(kv, batch_streams_, batch_keeps_, pool_);
+      ev.cold_seconds += now_s() - c0;
+    }
     batch_freed_.assign(batch_streams_.size(), 0);
     kv.compact_streams(batch_streams_, batch_keeps_, pool_, batch_freed_);
     for (size_t i = 0; i < batch_streams_.size(); ++i) account(batch_streams_[i], batch_slots_[i], batch_freed_[i]);
@@ -265,16 +270,16 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
       continue;
     }
     if (needs_.key_mass) mass_.compact(s, keep);
-    if (evicted_ != nullptr) {  // before the survivors slide over them
-      const double c0 = now_s();
-      evicted_->add(kv, s, keep);
-      ev.cold_seconds += now_s() - c0;
-    }
-    if (copies == 0) {
+    if (copies == 0) {  // its evicted slots go to the cold tier with the batch (flush_batch)
       batch_streams_.push_back(s);
       batch_slots_.push_back(n);
       batch_keeps_.push_back(keep);
       continue;
+    }
+    if (evicted_ != nullptr) {  // before the survivors slide over them; the batch before it went first
+      const double c0 = now_s();
+      evicted_->add(kv, s, keep);
+      ev.cold_seconds += now_s() - c0;
     }
     const int64_t compacted = kv.compact_stream(s, keep);
     if (compacted < 0) throw std::logic_error("compaction: pool exhausted after the check");

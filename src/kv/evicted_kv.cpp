@@ -39,7 +39,7 @@ EvictedKv::EvictedKv(ColdTier& tier, const PagePool& pool, uint64_t uid, int32_t
       page_size_(pool.config().page_size),
       kv_type_(pool.config().kv_type),
       streams_(static_cast<size_t>(n_streams)),
-      row_(static_cast<size_t>(pool.config().head_dim)), box_(2 * static_cast<size_t>(pool.config().head_dim)) {
+      scratch_(3 * static_cast<size_t>(pool.config().head_dim)) {
   if (tier.record_bytes() != pool.record_bytes())
     throw std::invalid_argument("EvictedKv: cold tier records are not KV page records");
 }
@@ -47,69 +47,105 @@ EvictedKv::EvictedKv(ColdTier& tier, const PagePool& pool, uint64_t uid, int32_t
 EvictedKv::~EvictedKv() { clear(); }
 
 void EvictedKv::add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep) {
-  const int32_t n = kv.n_slots(stream);
-  if (static_cast<int32_t>(keep.size()) >= n) return;
+  const std::span<const int32_t> keeps[1] = {keep};
+  add_many(kv, std::span(&stream, 1), keeps, nullptr);
+}
+
+void EvictedKv::add_many(const SequenceKv& kv, std::span<const int32_t> streams, std::span<const std::span<const int32_t>> keeps,
+                         ThreadPool* pool) {
+  if (keeps.size() != streams.size()) throw std::invalid_argument("EvictedKv::add_many: one keep per stream");
   const size_t record = pool_->record_bytes();
+  // Plan, in stream order, every record the streams' evicted slots fill: its key, page entry, digest
+  // place and stage place are assigned here, on the caller, exactly as a stream-by-stream loop would (the
+  // same keys, the same staged order, the same commit points); the copies and digests, which touch only
+  // their own record, page entry and digest, then run in parallel per planned batch.
+  evicted_slots_.clear();
+  jobs_.clear();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const int32_t stream = streams[i];
+    const std::span<const int32_t> keep = keeps[i];
+    const int32_t n = kv.n_slots(stream);
+    if (static_cast<int32_t>(keep.size()) >= n) continue;
+    const size_t first = evicted_slots_.size();
+    size_t k = 0;  // next index into keep
+    for (int32_t slot = 0; slot < n; ++slot) {
+      if (k < keep.size() && keep[k] == slot) {
+        ++k;
+        continue;
+      }
+      evicted_slots_.push_back(slot);
+    }
+    Stream& st = streams_[static_cast<size_t>(stream)];
+    for (size_t from = first; from < evicted_slots_.size(); from += static_cast<size_t>(page_size_)) {
+      if (!staged_.empty() && stage_.size() + record > kStageBytes) {  // bounded staging
+        fill_jobs(kv, pool);
+        commit();
+      }
+      if (stage_.capacity() < stage_.size() + record) stage_.reserve(std::max(kStageBytes, record));  // once: no regrowth copies
+      const size_t to = std::min(evicted_slots_.size(), from + static_cast<size_t>(page_size_));
+      jobs_.push_back({stream, static_cast<int32_t>(st.pages.size()), from, to, stage_.size()});
+      stage_.resize(stage_.size() + record);
+      st.pages.push_back(EvictedPage{evicted_key(uid_, next_record_++), 0, 0, 0, false});
+      st.digests.resize(st.digests.size() + 2 * static_cast<size_t>(head_dim_));
+      staged_.push_back({stream, static_cast<int32_t>(st.pages.size()) - 1});
+    }
+  }
+  fill_jobs(kv, pool);
+}
+
+void EvictedKv::fill_jobs(const SequenceKv& kv, ThreadPool* pool) {
+  const size_t hd = static_cast<size_t>(head_dim_);
+  const int threads = pool != nullptr ? pool->size() : 1;
+  if (scratch_.size() < static_cast<size_t>(threads) * 3 * hd) scratch_.resize(static_cast<size_t>(threads) * 3 * hd);
+  auto fill = [&](int task, int thread) { fill_record(kv, jobs_[static_cast<size_t>(task)], scratch_.data() + static_cast<size_t>(thread) * 3 * hd); };
+  if (pool != nullptr && jobs_.size() > 1) {
+    pool->run(static_cast<int>(jobs_.size()), fill);
+  } else {
+    for (size_t j = 0; j < jobs_.size(); ++j) fill(static_cast<int>(j), 0);
+  }
+  jobs_.clear();
+}
+
+void EvictedKv::fill_record(const SequenceKv& kv, const Job& job, float* scratch) {
   const size_t row = pool_->slot_bytes();
   const size_t voff = pool_->v_offset();
-  const size_t pos_off = record - sizeof(int32_t) * static_cast<size_t>(page_size_);
-  const auto table = kv.page_table(stream);
-  Stream& st = streams_[static_cast<size_t>(stream)];
+  const size_t pos_off = pool_->record_bytes() - sizeof(int32_t) * static_cast<size_t>(page_size_);
   const size_t hd = static_cast<size_t>(head_dim_);
-
-  uint8_t* rec = nullptr;
-  float* mn = box_.data();
+  const auto table = kv.page_table(job.stream);
+  uint8_t* rec = stage_.data() + job.stage_at;
+  std::memset(rec, 0, pool_->record_bytes());
+  auto* positions = reinterpret_cast<int32_t*>(rec + pos_off);
+  std::fill_n(positions, page_size_, -1);
+  // The page's box in f32, then its f16 digest: minima rounded down, maxima up.
+  float* decoded = scratch;
+  float* mn = scratch + hd;
   float* mx = mn + hd;
-  // The open page's box (f32, in box_) goes into its f16 digest, minima rounded down, maxima up.
-  size_t digest_at = 0;
-  auto close_box = [&] {
-    uint16_t* d = st.digests.data() + digest_at;
-    for (size_t i = 0; i < hd; ++i) {
-      d[i] = f32_to_fp16_floor(mn[i]);
-      d[hd + i] = f32_to_fp16_ceil(mx[i]);
-    }
-  };
-  int32_t in_record = 0;
-  size_t k = 0;  // next index into keep
-  for (int32_t slot = 0; slot < n; ++slot) {
-    if (k < keep.size() && keep[k] == slot) {
-      ++k;
-      continue;
-    }
-    if (rec == nullptr || in_record == page_size_) {  // open a new record (page)
-      if (rec != nullptr) close_box();
-      if (!staged_.empty() && stage_.size() + record > kStageBytes) commit();  // bounded staging
-      if (stage_.capacity() < stage_.size() + record) stage_.reserve(std::max(kStageBytes, record));  // once: no regrowth copies
-      stage_.resize(stage_.size() + record);
-      rec = stage_.data() + stage_.size() - record;
-      std::memset(rec, 0, record);
-      std::fill_n(reinterpret_cast<int32_t*>(rec + pos_off), page_size_, -1);
-      st.pages.push_back(EvictedPage{evicted_key(uid_, next_record_++), 0, 0, 0, false});
-      digest_at = st.digests.size();
-      st.digests.resize(st.digests.size() + 2 * hd);
-      std::fill_n(mn, hd, std::numeric_limits<float>::infinity());
-      std::fill_n(mx, hd, -std::numeric_limits<float>::infinity());
-      staged_.push_back({stream, static_cast<int32_t>(st.pages.size()) - 1});
-      in_record = 0;
-    }
+  std::fill_n(mn, hd, std::numeric_limits<float>::infinity());
+  std::fill_n(mx, hd, -std::numeric_limits<float>::infinity());
+  EvictedPage& page = streams_[static_cast<size_t>(job.stream)].pages[static_cast<size_t>(job.page)];
+  for (size_t e = job.from; e < job.to; ++e) {
+    const int32_t slot = evicted_slots_[e];
+    const size_t in_record = e - job.from;
     const PageId p = table[static_cast<size_t>(slot / page_size_)];
     const uint8_t* src = pool_->data(p) + static_cast<size_t>(slot % page_size_) * row;
-    std::memcpy(rec + static_cast<size_t>(in_record) * row, src, row);
-    std::memcpy(rec + voff + static_cast<size_t>(in_record) * row, src + voff, row);
+    std::memcpy(rec + in_record * row, src, row);
+    std::memcpy(rec + voff + in_record * row, src + voff, row);
     const int32_t pos = pool_->positions(p)[slot % page_size_];
-    reinterpret_cast<int32_t*>(rec + pos_off)[in_record] = pos;
-    kernels::kv_decode_row(src, kv_type_, head_dim_, row_.data());
+    positions[in_record] = pos;
+    kernels::kv_decode_row(src, kv_type_, head_dim_, decoded);
     for (size_t i = 0; i < hd; ++i) {
-      mn[i] = std::min(mn[i], row_[i]);
-      mx[i] = std::max(mx[i], row_[i]);
+      mn[i] = std::min(mn[i], decoded[i]);
+      mx[i] = std::max(mx[i], decoded[i]);
     }
-    EvictedPage& page = st.pages.back();
-    if (page.n_slots == 0) page.first_pos = pos;
+    if (in_record == 0) page.first_pos = pos;
     page.last_pos = pos;
-    ++page.n_slots;
-    ++in_record;
   }
-  if (rec != nullptr) close_box();
+  page.n_slots = static_cast<int32_t>(job.to - job.from);
+  uint16_t* d = streams_[static_cast<size_t>(job.stream)].digests.data() + static_cast<size_t>(job.page) * 2 * hd;
+  for (size_t i = 0; i < hd; ++i) {
+    d[i] = f32_to_fp16_floor(mn[i]);
+    d[hd + i] = f32_to_fp16_ceil(mx[i]);
+  }
 }
 
 std::unique_ptr<EvictedKv> EvictedKv::fork(uint64_t uid) const {

@@ -30,6 +30,7 @@
 #include "kv/cold_tier.h"
 #include "kv/page_pool.h"
 #include "kv/sequence_kv.h"
+#include "util/thread_pool.h"
 
 namespace kvpack::kv {
 
@@ -70,6 +71,12 @@ class EvictedKv {
   // batch by batch, once the staged bytes would pass kStageBytes: the first event after a long prompt
   // evicts gigabytes, and staging all of it first held that much memory twice (and kept the capacity).
   void add(const SequenceKv& kv, int32_t stream, std::span<const int32_t> keep);
+  // add() of streams[i] with keeps[i], in that order, with the copies and digests spread over `pool`
+  // (nullptr: on the caller): the same keys, records, digests and tier batches as the add() loop. A
+  // decode-time event of a 28-layer, 8-KV-head model copies ~15 MiB into ~1800 records; on one thread that
+  // was about as long as writing them to the tier.
+  void add_many(const SequenceKv& kv, std::span<const int32_t> streams, std::span<const std::span<const int32_t>> keeps,
+                ThreadPool* pool);
   // Writes the staged records with one batched put (end of a compression event).
   void commit();
   // The most record bytes staged at once (a decode-time event of a 28-layer, 8-KV-head model stages ~15 MiB).
@@ -113,6 +120,16 @@ class EvictedKv {
     int32_t stream;
     int32_t page;
   };
+  // One planned record of add_many: evicted_slots_[from, to) of `stream` into its page entry `page`,
+  // at stage_ offset stage_at.
+  struct Job {
+    int32_t stream;
+    int32_t page;
+    size_t from, to;
+    size_t stage_at;
+  };
+  void fill_jobs(const SequenceKv& kv, ThreadPool* pool);  // runs and clears jobs_
+  void fill_record(const SequenceKv& kv, const Job& job, float* scratch);
 
   ColdTier* tier_;
   const PagePool* pool_;
@@ -131,8 +148,9 @@ class EvictedKv {
   std::vector<size_t> read_index_;
   std::unique_ptr<bool[]> read_got_, read_ok_;  // read_many's flags per key asked / per ref (read_cap_ each)
   size_t read_cap_ = 0;
-  std::vector<float> row_;  // one decoded key
-  std::vector<float> box_;  // the open page's minima and maxima in f32 while add() fills it
+  std::vector<int32_t> evicted_slots_;  // add_many: the evicted slot indices of its streams, back to back
+  std::vector<Job> jobs_;              // add_many: records planned and not filled yet
+  std::vector<float> scratch_;         // per thread: one decoded key, the record's minima, its maxima
   EvictedStats stats_;
 };
 
