@@ -5,6 +5,7 @@
 // streams, evictions into a host cold tier with their digests, the query window.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -171,4 +172,44 @@ TEST(RecallAttentionLse, NaNEntriesFallBackToRecomputingExactly) {
   EXPECT_EQ(ra.stats().pages_recalled, rb.stats().pages_recalled);
   EXPECT_EQ(ra.stats().drift_last, rb.stats().drift_last);  // bit for bit: the same computation
   EXPECT_EQ(a.hot_positions(), b.hot_positions());
+}
+
+// The exact drift check's figure: total variation between the two next-token distributions, against a
+// float64 reference; equal rows give 0, rows that put their mass on different tokens give ~1 and a flip.
+TEST(RecallExactCheck, TotalVariationOfTheTwoNextTokenDistributions) {
+  constexpr int32_t kVocab = 50;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> a(kVocab), b(kVocab);
+  for (int32_t i = 0; i < kVocab; ++i) {
+    a[static_cast<size_t>(i)] = dist(rng);
+    b[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] + 0.5f * dist(rng);
+  }
+  compress::RecallStats st;
+  st.add_exact_check(a.data(), a.data(), kVocab);
+  EXPECT_EQ(st.exact_tv_first, 0.0);
+  EXPECT_EQ(st.exact_flips, 0);
+  st.add_exact_check(a.data(), b.data(), kVocab);
+  auto probs = [](const std::vector<float>& x) {
+    std::vector<double> p(x.size());
+    double z = 0;
+    for (size_t i = 0; i < x.size(); ++i) z += (p[i] = std::exp(static_cast<double>(x[i])));
+    for (double& v : p) v /= z;
+    return p;
+  };
+  const auto pa = probs(a), pb = probs(b);
+  double tv = 0;
+  for (size_t i = 0; i < pa.size(); ++i) tv += std::abs(pa[i] - pb[i]) / 2;
+  EXPECT_GT(tv, 0.01);
+  EXPECT_NEAR(st.exact_tv_last, tv, 1e-12);
+  EXPECT_EQ(st.exact_tv_max, st.exact_tv_last);
+  std::vector<float> c(kVocab, 0.0f), d(kVocab, 0.0f);
+  c[3] = 40.0f;
+  d[7] = 40.0f;
+  st.add_exact_check(c.data(), d.data(), kVocab);
+  EXPECT_NEAR(st.exact_tv_last, 1.0, 1e-9);
+  const bool ab_flip = std::max_element(a.begin(), a.end()) - a.begin() != std::max_element(b.begin(), b.end()) - b.begin();
+  EXPECT_EQ(st.exact_flips, 1 + (ab_flip ? 1 : 0));
+  EXPECT_EQ(st.exact_checks, 3);
+  EXPECT_EQ(st.exact_tv_first, 0.0);
 }

@@ -251,6 +251,122 @@ TEST_F(SwapTest, TheDriftGuardFallsBackToFullKvWithEveryTokenHot) {
   }
 }
 
+// The exact drift check (RecallConfig::exact): the newest token computed again over a fork holding every
+// KV of the request. With nothing evicted the fork is the sequence itself, so it must give the same logits
+// bit for bit (total variation exactly 0, no flip); with eviction it measures a difference, and in both
+// cases the request's output is the one without the check and the fork's pages go back to the pool.
+TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+  for (const int32_t budget : {40, 1000}) {
+    Request r = request(prompt, 60, compress::PolicyKind::KNorm);
+    r.kv.budget = budget;
+    r.kv.recall.enabled = true;
+    r.kv.recall.bring_back = false;  // drift only: the hot set is the compressor's alone
+    r.kv.recall.every = 4;
+    Request plain = r;
+    r.kv.recall.exact = true;
+    EngineOptions eo;
+    eo.kv_cold = "host:64M";
+    eo.contexts = 2;
+    auto outcome = [&](const Request& req, Engine& e) {
+      SchedulerOptions so;
+      so.max_running = 1;
+      so.prefix_cache = false;
+      Scheduler sched(e, so);
+      std::map<uint64_t, Outcome> out;
+      const uint64_t id = submit(sched, req, out);
+      run(sched, out);
+      return out[id];
+    };
+    Engine e1(*model_, eo), e2(*model_, eo);
+    const Outcome with = outcome(r, e1), without = outcome(plain, e2);
+    const compress::RecallStats& rs = with.stats.compression.recall;
+    EXPECT_EQ(with.text, without.text) << budget;
+    EXPECT_GE(rs.checks, 60 / 4) << budget;  // end of prefill, then every 4 tokens
+    EXPECT_EQ(rs.exact_checks, rs.checks) << budget;  // one exact check per recall check
+    EXPECT_EQ(rs.exact_skipped, 0) << budget;
+    EXPECT_EQ(without.stats.compression.recall.exact_checks, 0);
+    EXPECT_EQ(e1.kv().pool().used_pages(), 0) << budget;
+    if (budget >= static_cast<int32_t>(r.prompt.size()) + 60) {  // nothing evicted
+      EXPECT_EQ(with.stats.compression.evicted_slots, 0);
+      EXPECT_EQ(rs.exact_tv_max, 0.0) << "first " << rs.exact_tv_first << " last " << rs.exact_tv_last;
+      EXPECT_EQ(rs.exact_flips, 0);
+    } else {
+      EXPECT_GT(with.stats.compression.evicted_slots, 0);
+      EXPECT_GT(rs.exact_tv_max, 0.0);
+      EXPECT_LE(rs.exact_tv_max, 1.0);
+    }
+  }
+  // A pool with no room for the copy: every check is counted as skipped, and the output is unchanged.
+  Request r = request(prompt, 20, compress::PolicyKind::KNorm);
+  r.kv.recall.enabled = true;
+  r.kv.recall.bring_back = false;
+  r.kv.recall.exact = true;
+  r.kv.recall.every = 4;
+  EngineOptions eo;
+  eo.kv_cold = "host:64M";
+  eo.kv_pages = kStreams * 7;  // the hot set fits, a whole-context copy beside it does not
+  Engine e(*model_, eo);
+  SchedulerOptions so;
+  so.max_running = 1;
+  so.prefix_cache = false;
+  Scheduler sched(e, so);
+  std::map<uint64_t, Outcome> out;
+  const uint64_t id = submit(sched, r, out);
+  run(sched, out);
+  EXPECT_GT(out[id].stats.compression.recall.exact_skipped, 0);
+  EXPECT_EQ(out[id].stats.compression.recall.exact_checks + out[id].stats.compression.recall.exact_skipped,
+            out[id].stats.compression.recall.checks);
+  EXPECT_EQ(out[id].text, solo(request(prompt, 20, compress::PolicyKind::KNorm), false));
+  EXPECT_EQ(e.kv().pool().used_pages(), 0);
+}
+
+// The exact guard at its most sensitive (any change of the next-token distribution): the first check
+// after the first compression event flags it (here the end-of-prefill check: the prompt is one prefill
+// chunk and compresses after it), the request falls back to full KV and the newest token is computed
+// again over every key — so every KV it holds was computed with full attention, and the greedy output is
+// full KV's, bit for bit.
+TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutput) {
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+  Request r = request(prompt, 60, compress::PolicyKind::KNorm);
+  r.kv.recall.enabled = true;
+  r.kv.recall.bring_back = false;
+  r.kv.recall.every = 1;
+  r.kv.recall.exact = true;
+  r.kv.recall.exact_guard = 1e-6f;
+  EngineOptions eo;
+  eo.kv_cold = "host:64M";
+  eo.contexts = 2;
+  Engine e(*model_, eo);
+  SchedulerOptions so;
+  so.max_running = 1;
+  so.prefix_cache = false;
+  Scheduler sched(e, so);
+  std::map<uint64_t, Outcome> out;
+  const uint64_t id = submit(sched, r, out);
+  run(sched, out);
+  const RequestStats& st = out[id].stats;
+  EXPECT_GT(st.compression.evicted_slots, 0);
+  EXPECT_EQ(st.compression.recall.guard_fallbacks, 1);
+  EXPECT_EQ(st.compression.recall.exact_checks, 1);  // none after the fallback
+  EXPECT_EQ(out[id].text, solo(request(prompt, 60, compress::PolicyKind::Full), false));
+  EXPECT_EQ(e.kv().pool().used_pages(), 0);
+  // Off (0), the same request keeps compressing and its output is the compressed one.
+  r.kv.recall.exact_guard = 0;
+  Engine e2(*model_, eo);
+  Scheduler sched2(e2, so);
+  std::map<uint64_t, Outcome> out2;
+  const uint64_t id2 = submit(sched2, r, out2);
+  run(sched2, out2);
+  EXPECT_EQ(out2[id2].stats.compression.recall.guard_fallbacks, 0);
+  Request plain = r;
+  plain.kv.recall = compress::RecallConfig{};
+  EXPECT_EQ(out2[id2].text, solo(plain, false));
+  EXPECT_NE(out2[id2].text, out[id].text) << "compression should change this output (else the test shows nothing)";
+}
+
 TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {
   // Room for a few pages only: most swap-outs fail and recompute instead (full KV recomputes exactly).
   Engine engine(*model_, tight_engine("host:" + std::to_string(8 * 1088)));

@@ -153,13 +153,18 @@ void add_tasks(CLI::App& eval) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--json", *json, "Print the results as JSON (with every sample)");
   cmd->add_flag("-v,--verbose", *verbose, "Print every sample's expected answer and generation");
+  auto answer_only = std::make_shared<bool>(false);
+  cmd->add_flag("--answer-only", *answer_only,
+                "Generate only as many tokens as the expected answer has (the same prompts): per-request figures such as "
+                "--kv-drift-exact then cover the scored answer alone");
   cmd->callback([=] {
     auto model = load_model(*o);
-    Engine engine(*model, engine_options(*o));
+    Engine engine(*model, engine_options(*o, *kvo));
     const compress::CompressConfig kv = kv_config(*kvo, engine);
     const int32_t c = default_ctx(*ctx, *model);
     eval::TaskOptions topt;
     topt.filler = filler_from(*filler);
+    topt.answer_only = *answer_only;
     nlohmann::json all = nlohmann::json::array();
     if (!*json) std::printf("tasks: %s, %s, ctx %d, seed %llu\n", model->config().name.c_str(), kv_line(kv).c_str(), c,
                             static_cast<unsigned long long>(*seed));
@@ -173,7 +178,10 @@ void add_tasks(CLI::App& eval) {
                              {"drift_max", s.recall.drift_max}, {"drift_first", s.recall.drift_first},
                              {"guard_escalations", s.recall.guard_escalations}, {"guard_fallbacks", s.recall.guard_fallbacks},
                              {"pages_recalled", s.recall.pages_recalled}, {"cold_pages_read", s.recall.pages_read},
-                             {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written}});
+                             {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written},
+                             {"exact_checks", s.recall.exact_checks}, {"exact_skipped", s.recall.exact_skipped},
+                             {"exact_flips", s.recall.exact_flips}, {"exact_tv_max", s.recall.exact_tv_max},
+                             {"exact_tv_first", s.recall.exact_tv_first}});
         all.push_back({{"task", eval::task_name(k)}, {"n", r.n}, {"correct", r.correct}, {"accuracy", r.accuracy},
                        {"mean_prompt_tokens", r.mean_prompt_tokens}, {"peak_resident_kv_bytes", r.peak_resident_kv_bytes},
                        {"compression", stats_json(r.compression)}, {"samples", samples}});
@@ -187,6 +195,8 @@ void add_tasks(CLI::App& eval) {
           if (s.recall.checks > 0)
             std::printf(" drift %.4f (max %.4f) pages recalled %lld", s.recall.drift_first, s.recall.drift_max,
                         static_cast<long long>(s.recall.pages_recalled));
+          if (s.recall.exact_checks > 0)
+            std::printf(" exact tv max %.4f flips %lld", s.recall.exact_tv_max, static_cast<long long>(s.recall.exact_flips));
           std::printf("\n");
         }
       std::printf("%s: accuracy %.1f%% (%d/%d), mean prompt tokens %.1f, peak resident KV %zu bytes (%s)", eval::task_name(k),

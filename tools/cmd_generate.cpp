@@ -127,7 +127,7 @@ void add_generate(CLI::App& app) {
     req.sampling = *sp;
     req.stop = *stop;
     req.ignore_eos = *ignore_eos;
-    Engine engine(*model, engine_options(*o));
+    Engine engine(*model, engine_options(*o, *kvo));
     req.kv = kv_config(*kvo, engine);
     if (co->conversation) {
       ChatOptions c = *co;

@@ -70,6 +70,15 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
                  "Drift guard (with --kv-recall): above this drift estimate a check reads every cold page, and if the estimate "
                  "stays above, the request falls back to full KV (0 = off)")
       ->check(CLI::Range(0.0, 1.0));
+  cmd.add_flag("--kv-drift-exact", o.drift_exact,
+               "At every recall check also compute the newest token over all of the request's KV (hot and cold) and report "
+               "how far its next-token distribution is from the compressed one (total variation; one full-context step "
+               "per check; needs --kv-cold)");
+  cmd.add_flag("--kv-guard-exact{" + std::to_string(compress::kExactGuardTv).substr(0, 4) + "}", o.guard_exact,
+               "Exact guard (implies --kv-drift-exact): when a check's next-token distribution with every KV is this far "
+               "(total variation, default 0.15) from the compressed one, or its most likely token differs, the request "
+               "falls back to full KV at once; --kv-guard-exact=TV sets another distance")
+      ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
   cmd.add_option("--kv-recall-rows", o.recall_rows,
                  "Newest query rows scored at a decode-time recall check (those tokens are computed again when pages come back)")
@@ -100,13 +109,15 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.protect_prompt = o.protect_prompt;
   c.naive = o.naive;
   c.calib_path = o.calib;
-  c.recall.enabled = o.recall || o.drift;
+  c.recall.enabled = o.recall || o.drift || o.drift_exact || o.guard_exact > 0;
   c.recall.bring_back = o.recall;
   c.recall.every = o.recall_every;
   c.recall.max_pages = o.recall_pages;
   c.recall.rows = o.recall_rows;
   c.recall.min_share = o.recall_share;
   c.recall.guard = o.guard;
+  c.recall.exact = o.drift_exact || o.guard_exact > 0;
+  c.recall.exact_guard = o.guard_exact;
   // Load the statistics first (when given) so that validate() sees them — whatever the default policy:
   // a server's requests may choose triattention / trispan per request (kv_policy) and need them then. A
   // policy that cannot run without them gets them computed once on built-in text and cached
@@ -159,6 +170,12 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.window_free = o.window_free;
   e.kv_shared = o.kv_shared;
   e.max_batch_tokens = o.batch;
+  return e;
+}
+
+EngineOptions engine_options(const ModelOptions& o, const KvOptions& kv) {
+  EngineOptions e = engine_options(o);
+  if (kv.drift_exact || kv.guard_exact > 0) e.contexts = 2;  // the exact drift check's scratch copy of a whole context
   return e;
 }
 

@@ -86,7 +86,7 @@ void add_serve(CLI::App& app) {
     signal(SIGPIPE, SIG_IGN);  // belt and braces: the server's own writes already use MSG_NOSIGNAL
 
     auto model = load_model(*o);
-    Engine engine(*model, engine_options(*o));
+    Engine engine(*model, engine_options(*o, *kvo));
     server::ServerOptions opt = *so;
     // Each connection is a file descriptor: raise the soft open-file limit to the hard one, and keep
     // the connection cap under it (room for the model, the cold tier and the listening socket).

@@ -40,6 +40,8 @@ struct KvOptions {
   std::string calib;
   bool recall = false;
   bool drift = false;
+  bool drift_exact = false;
+  float guard_exact = 0.0f;  // --kv-guard-exact[=TV]: 0 = off
   int32_t recall_every = 16;
   int32_t recall_pages = 4;
   int32_t recall_rows = 1;
@@ -58,6 +60,8 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine);
 // Prints a one-line model summary to stderr; applies -c (a context beyond the trained one: a warning).
 std::unique_ptr<Model> load_model(const ModelOptions& o);
 EngineOptions engine_options(const ModelOptions& o);
+// The same, with room in a default-sized pool for what the KV flags need (--kv-drift-exact: a second context).
+EngineOptions engine_options(const ModelOptions& o, const KvOptions& kv);
 void print_generate_stats(const GenerateResult& r, const Engine& engine, const compress::CompressConfig& kv);
 std::string format_bytes(size_t b);
 // The whole file as bytes; nullopt if it cannot be opened (commands that took the path through

@@ -64,7 +64,7 @@ SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
       protected_prefix_(o.protected_prefix_), pool_(o.pool_), evicted_(nullptr), n_streams_(o.n_streams_),
       frozen_(o.frozen_), n_compressed_streams_(o.n_compressed_streams_), stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
-      samples_(o.samples_), recomputing_(o.recomputing_), fallen_back_(o.fallen_back_),
+      samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), fallen_back_(o.fallen_back_),
       naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
 
 std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
@@ -124,6 +124,7 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   }
   const int64_t n = samples_++;
   if (n != 0 && n % std::max(1, cfg_.recall.every) != 0) return 0;
+  exact_due_ = cfg_.recall.exact && !fallen_back_;
   prot_scratch_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
   const int32_t rows = n == 0 ? cfg_.recall.prefill_rows : cfg_.recall.rows;
@@ -158,6 +159,42 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
   recomputing_ = true;
   return tail;
+}
+
+bool SequenceCompressor::take_exact_check_due() {
+  const bool due = exact_due_ && !recomputing_;
+  if (due) exact_due_ = false;
+  return due;
+}
+
+bool SequenceCompressor::copy_cold_into(kv::SequenceKv& fork) {
+  return evicted_ != nullptr && recall_.copy_all_into(fork, *evicted_);
+}
+
+int32_t SequenceCompressor::record_exact_check(kv::SequenceKv& kv, const float* compressed_logits, const float* full_logits,
+                                               int32_t n_vocab) {
+  RecallStats& rs = recall_.mutable_stats();
+  const int64_t flips = rs.exact_flips;
+  rs.add_exact_check(compressed_logits, full_logits, n_vocab);
+  int32_t recompute = 0;
+  const bool flagged = rs.exact_flips > flips || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
+  if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0) {
+    // The evicted keys change what this request would emit: full KV from here on. The newest token's
+    // slot was never evicted (the window keeps it), so dropping and recomputing it sees every key.
+    bool complete = false;
+    recall_.restore_all(kv, *evicted_, complete);
+    ++rs.guard_fallbacks;
+    fallen_back_ = true;
+    recomputing_ = true;  // the before_sample after the recompute runs no check
+    recompute = 1;
+  }
+  stats_.recall = recall_.stats();
+  return recompute;
+}
+
+void SequenceCompressor::record_exact_skip() {
+  ++recall_.mutable_stats().exact_skipped;
+  stats_.recall = recall_.stats();
 }
 
 int64_t SequenceCompressor::cow_pages(const kv::SequenceKv& kv) const {

@@ -79,6 +79,17 @@ class SequenceCompressor : public ForwardObserver {
   // again before sampling: their hidden states predate the keys recall brought back. 0: sample now. The
   // call after a recompute runs no check (no ping-pong).
   int32_t before_sample(kv::SequenceKv& kv);
+  // The exact drift check (RecallConfig::exact), run by the caller that owns the forward pass: true once
+  // after a before_sample() that ran a check and asked for no recompute (the logits about to be sampled
+  // are the checked step's). Then the caller copies the evicted KV into a fork of the sequence
+  // (copy_cold_into), computes the newest token over it, and reports both logit rows (record_exact_check)
+  // or that it could not (record_exact_skip).
+  bool take_exact_check_due();
+  bool copy_cold_into(kv::SequenceKv& fork);
+  // Returns how many of the newest tokens the caller must drop and compute again before sampling (as
+  // before_sample): 1 when the exact guard (RecallConfig::exact_guard) saw a flip and restored full KV.
+  int32_t record_exact_check(kv::SequenceKv& kv, const float* compressed_logits, const float* full_logits, int32_t n_vocab);
+  void record_exact_skip();
   // Tokens that can still be appended before the next scheduled event fires (>= 1). Prefill loops clip
   // their chunks to it, so a sequence never holds more than budget + interval slots per stream (plus
   // protected slots) at any point, not budget + interval + one chunk: admission can project exactly that.
@@ -139,6 +150,7 @@ class SequenceCompressor : public ForwardObserver {
   Recall recall_;
   int64_t samples_ = 0;  // before_sample calls so far (recomputes excluded)
   bool recomputing_ = false;
+  bool exact_due_ = false;  // a check ran: the exact drift check is due on the logits it leads to
   // The latest one-token forward's attention log-sum-exp per (layer, head), and whether the hot set is still
   // the one it was computed over (no event or exchange since).
   std::vector<float> attn_lse_;

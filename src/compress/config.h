@@ -31,7 +31,18 @@ struct RecallConfig {
   // if the estimate is still above, the request falls back to full KV (every cold page back, no more
   // compression for it).
   float guard = 0.0f;
+  // Exact drift check (off by default: each check costs one full-context step): at every check the
+  // scheduler computes the newest token once more over all of the request's KV (hot and cold, in a
+  // scratch copy of the sequence) and compares next-token distributions (RecallStats::exact_*).
+  bool exact = false;
+  // Exact guard (0 = off; needs `exact`): a check whose next-token distribution with every KV is at least
+  // this far (total variation) from the compressed one, or whose most likely token differs, sends the
+  // request back to full KV at once (every cold page back, no more compression; the newest token is
+  // computed again before sampling). Its unit is probability mass, the same for any model:
+  // kExactGuardTv is the default (docs/quality.md: the detector curves it was read from).
+  float exact_guard = 0.0f;
 };
+inline constexpr float kExactGuardTv = 0.15f;
 
 struct CompressConfig {
   PolicyKind policy = PolicyKind::Full;

@@ -34,6 +34,36 @@ void RecallStats::add(const RecallStats& o) {
   guard_escalations += o.guard_escalations;
   guard_fallbacks += o.guard_fallbacks;
   fallback_pages_lost += o.fallback_pages_lost;
+  exact_checks += o.exact_checks;
+  exact_skipped += o.exact_skipped;
+  exact_flips += o.exact_flips;
+  exact_tv_last = o.exact_checks > 0 ? o.exact_tv_last : exact_tv_last;
+  exact_tv_max = std::max(exact_tv_max, o.exact_tv_max);
+  if (exact_tv_first < 0) exact_tv_first = o.exact_tv_first;
+}
+
+void RecallStats::add_exact_check(const float* compressed, const float* full, int32_t n_vocab) {
+  // Softmax of both rows in f64, then TV = 1/2 sum |p - q|.
+  double mc = -std::numeric_limits<double>::infinity(), mf = mc;
+  int32_t top_c = 0, top_f = 0;
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    if (compressed[i] > mc) mc = compressed[i], top_c = i;
+    if (full[i] > mf) mf = full[i], top_f = i;
+  }
+  double zc = 0, zf = 0;
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    zc += std::exp(static_cast<double>(compressed[i]) - mc);
+    zf += std::exp(static_cast<double>(full[i]) - mf);
+  }
+  double tv = 0;
+  for (int32_t i = 0; i < n_vocab; ++i)
+    tv += std::abs(std::exp(static_cast<double>(compressed[i]) - mc) / zc - std::exp(static_cast<double>(full[i]) - mf) / zf);
+  tv = std::min(1.0, 0.5 * tv);
+  ++exact_checks;
+  exact_flips += top_c != top_f ? 1 : 0;
+  exact_tv_last = tv;
+  exact_tv_max = std::max(exact_tv_max, tv);
+  if (exact_tv_first < 0) exact_tv_first = tv;
 }
 
 Recall::Recall(const RecallConfig& cfg, const ModelConfig& model, std::vector<uint8_t> frozen)
@@ -272,6 +302,16 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
 }
 
 int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& complete) {
+  return bring_all(kv, cold, true, complete);
+}
+
+bool Recall::copy_all_into(kv::SequenceKv& dst, kv::EvictedKv& cold) {
+  bool complete = false;
+  bring_all(dst, cold, false, complete);
+  return complete;
+}
+
+int64_t Recall::bring_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool forget, bool& complete) {
   complete = true;
   const auto& pool = kv.pool();
   const size_t row = pool.slot_bytes();
@@ -294,7 +334,7 @@ int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& compl
     for (size_t i = 0; i < pages.size(); ++i) {
       std::span<uint8_t> rec(records.data() + i * pool.record_bytes(), pool.record_bytes());
       if (!cold.read(s, pages[i], rec)) {
-        ++stats_.fallback_pages_lost;
+        if (forget) ++stats_.fallback_pages_lost;
         complete = false;
         continue;
       }
@@ -310,7 +350,8 @@ int64_t Recall::restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& compl
       complete = false;
       continue;
     }
-    for (int32_t p : got) cold.forget(s, p);
+    if (forget)
+      for (int32_t p : got) cold.forget(s, p);
     restored += static_cast<int64_t>(insert.size());
   }
   return restored;

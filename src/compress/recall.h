@@ -58,7 +58,18 @@ struct RecallStats {
   int64_t guard_escalations = 0;  // checks repeated over every cold page (drift above the guard)
   int64_t guard_fallbacks = 0;    // requests that went back to full KV
   int64_t fallback_pages_lost = 0;  // cold pages a fallback could not bring back (dropped by the tier)
+  // The exact drift check (RecallConfig::exact): at a check, the newest token computed once more over
+  // every KV of the request (hot and cold) in a scratch copy; its next-token distribution against the
+  // compressed one's, as total variation distance (0: the same, 1: disjoint).
+  int64_t exact_checks = 0;
+  int64_t exact_skipped = 0;     // checks it could not run (pool out of pages, cold pages lost)
+  int64_t exact_flips = 0;       // checks whose most likely next token differed
+  double exact_tv_last = -1;     // -1: none yet
+  double exact_tv_max = -1;
+  double exact_tv_first = -1;    // end of prefill: before the answer
   void add(const RecallStats& o);
+  // One exact check's result from the two logit rows (n_vocab each).
+  void add_exact_check(const float* compressed, const float* full, int32_t n_vocab);
 };
 
 class Recall {
@@ -83,6 +94,10 @@ class Recall {
   // Reads every cold page back into the hot set (the guard's fallback to full KV), merged in position
   // order. Returns the slots restored; false in `complete` when the pool lacked pages or a page was lost.
   int64_t restore_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool& complete);
+  // Every cold page copied into `dst` (a fork of the sequence: kv::KvManager::fork_sequence), merged in
+  // position order; `cold` keeps them (the exact drift check's scratch copy). False when the pool lacked
+  // pages or a page was lost: `dst` is then incomplete and must not be used.
+  bool copy_all_into(kv::SequenceKv& dst, kv::EvictedKv& cold);
   // The next run() reads every cold page whose bound passes (the guard's escalation).
   void set_read_all(bool on) { read_all_ = on; }
 
@@ -123,6 +138,8 @@ class Recall {
   // Exact shares of the pages read, the stream's drift, the pages worth recalling (w.candidates) and, for a
   // stream that will exchange, its hot slot scores. Read-only on kv and cold: runs in parallel over streams.
   double measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& cold, int32_t s, StreamWork& w) const;
+  // restore_all / copy_all_into: `forget` erases the records brought back (restore) or leaves them (copy).
+  int64_t bring_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool forget, bool& complete);
   // The exchange for one stream (serial); returns its drift (w.drift).
   double settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s, const Protection& prot, StreamWork& w);
 

@@ -13,7 +13,8 @@ kv::PoolConfig default_pool_config(const ModelConfig& c, const EngineOptions& op
   pc.head_dim = c.head_dim;
   pc.kv_type = opt.kv_type;
   const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
-  pc.max_pages = opt.kv_pages > 0 ? opt.kv_pages : streams * ((c.n_ctx + opt.page_size - 1) / opt.page_size);
+  pc.max_pages = opt.kv_pages > 0 ? opt.kv_pages
+                                  : std::max<int64_t>(1, opt.contexts) * streams * ((c.n_ctx + opt.page_size - 1) / opt.page_size);
   return pc;
 }
 

@@ -28,7 +28,10 @@ struct EngineOptions {
   int32_t threads = 2;
   int32_t page_size = 16;
   DType kv_type = DType::F32;
-  int64_t kv_pages = 0;  // 0: enough for one sequence of the full context (allocated lazily anyway)
+  int64_t kv_pages = 0;  // 0: enough for `contexts` sequences of the full context (allocated lazily anyway)
+  // With kv_pages 0: full contexts the pool can hold. 2 when the exact drift check is on
+  // (compress::RecallConfig::exact): its scratch copy holds the request's whole KV beside the hot set.
+  int32_t contexts = 1;
   int32_t max_batch_tokens = 256;  // prefill chunk / batch size per forward call
   // Cold KV tier (kv/cold_tier.h): "" = none, "host:BYTES" or "dir:PATH:BYTES". Swap preemption and
   // prefix-cache spill use it.

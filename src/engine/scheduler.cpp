@@ -565,6 +565,14 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     }
     // Sample the next token from this sequence's logits (n > 1: the other choices fork from it first).
     float* lg = logits.data() + static_cast<size_t>(item.logits_row) * V;
+    if (s.comp && s.comp->take_exact_check_due()) {
+      const int32_t again = exact_drift_check(s, lg, item.n == 1);
+      if (again > 0) {  // the exact guard gave the request its full KV back: the newest token again over it
+        s.kv->truncate_tail(again);
+        s.n_computed -= again;
+        continue;
+      }
+    }
     if (s.fork_pending) fork(s, lg);
     sample_next(s, lg);
   }
@@ -572,6 +580,38 @@ void Scheduler::update(const StepPlan& plan, std::span<float> logits) {
     finish(s, *s->ending);
     remove_running(s);
   }
+}
+
+int32_t Scheduler::exact_drift_check(Sequence& s, const float* lg, bool one_token_step) {
+  const int32_t n_vocab = engine_->model().config().n_vocab;
+  const int32_t pos = s.kv->next_pos() - 1;  // the newest token: computed again over every KV
+  const int32_t token = pos >= 0 ? s.tokens[static_cast<size_t>(pos)] : 0;
+  exact_logits_.resize(2 * static_cast<size_t>(n_vocab));
+  float* full_row = exact_logits_.data();
+  float* hot_row = full_row + n_vocab;
+  // The newest token once more over a fork of the sequence (its pages shared until written), optionally
+  // with every evicted page copied in first; the fork's pages go back to the pool at once.
+  auto recompute = [&](bool with_cold, float* out) {
+    std::unique_ptr<kv::SequenceKv> fork = kv_->fork_sequence(*s.kv, 0);
+    if (with_cold && !s.comp->copy_cold_into(*fork)) return false;
+    fork->truncate_tail(1);
+    BatchItem item;
+    item.kv = fork.get();
+    item.tokens = std::span<const int32_t>(&token, 1);
+    item.logits = out;
+    return engine_->runner().forward().run(std::span<BatchItem>(&item, 1));
+  };
+  bool ok = pos >= 0 && recompute(true, full_row);
+  // A token computed in a multi-token step (the end of prefill) went through the batched kernels, which
+  // round differently: its compressed row is recomputed the same way as the full one, so the two differ
+  // by the evicted keys alone (a one-token step's row is bit-identical to that recompute).
+  if (ok && !one_token_step) {
+    ok = recompute(false, hot_row);
+    lg = hot_row;
+  }
+  if (ok) return s.comp->record_exact_check(*s.kv, lg, full_row, n_vocab);
+  s.comp->record_exact_skip();
+  return 0;
 }
 
 void Scheduler::sample_next(Sequence& s, float* lg) {

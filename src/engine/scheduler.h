@@ -185,6 +185,14 @@ class Scheduler {
   void fork(Sequence& s, const float* lg);
   // Samples, emits and decides the ending of one sequence from its logits row (rewritten in place).
   void sample_next(Sequence& s, float* lg);
+  // The exact drift check of compressed `s` (compress::RecallConfig::exact): its newest token computed
+  // again over a fork of its KV with every evicted page copied back in, compared with `lg` (the step's
+  // row; `one_token_step` false: recomputed alone on a plain fork, like the full row). The forks' pages
+  // come from the shared pool and go back at once; when the pool cannot hold them the check is counted
+  // as skipped. Changes nothing the request samples, unless the exact guard restores full KV: then it
+  // returns the newest tokens to drop and compute again before sampling (SequenceCompressor::
+  // record_exact_check).
+  int32_t exact_drift_check(Sequence& s, const float* lg, bool one_token_step);
   // Pages admission reserves for `s`: its own projection, for a pending fork its n - 1 future choices
   // too (the prompt's full pages counted once), for a forked choice without the pages it shares.
   int64_t reserved_pages(const Sequence& s) const;
@@ -195,6 +203,7 @@ class Scheduler {
   Engine* engine_;
   kv::KvManager* kv_;
   SchedulerOptions opt_;
+  std::vector<float> exact_logits_;  // exact_drift_check's logits row (scheduler thread only)
 
   // Shared with other threads (guarded by mu_).
   mutable std::mutex mu_;

@@ -420,7 +420,7 @@ TaskResult run_task(Engine& engine, TaskKind kind, int32_t ctx_tokens, int32_t n
     s.task = make_task(kind, ctx_tokens, sample_seed(seed, kind, i), &tok, o);
     Request req;
     req.prompt = tok.encode(s.task.prompt, tok.bos() >= 0);
-    req.max_tokens = s.task.max_tokens;
+    req.max_tokens = opt.answer_only ? s.task.answer_tokens : s.task.max_tokens;
     req.sampling.temperature = 0;  // greedy
     req.kv = kv;
     const GenerateResult g = engine.generate(req, nullptr);

@@ -69,6 +69,10 @@ struct TaskOptions {
   // Filler lines (e.g. filler_sentences(text of --filler FILE)); empty: the built-in deterministic filler.
   std::vector<std::string> filler;
   int32_t gen_margin = 8;  // generated tokens allowed beyond the answer
+  // Generate only answer_tokens (the same prompts; the margin still sizes them): the generation is the
+  // scored span alone, so per-request figures such as the exact drift check cover the answer and nothing
+  // after it (the drift detector's evaluation).
+  bool answer_only = false;
   // needle: number of needles, kNeedlesMin..kNeedlesMax. The harness always uses 4; more (random extra keys,
   // not built to share a word with the queried one, drawn after the first four so that 4 gives the same
   // prompts) are for training data, where each needle is one more question the trainer can ask.
