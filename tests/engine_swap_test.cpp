@@ -323,14 +323,14 @@ TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
 }
 
 // The exact guard at its most sensitive (any change of the next-token distribution): the first check
-// after the first compression event flags it (here the end-of-prefill check: the prompt is one prefill
-// chunk and compresses after it), the request falls back to full KV and the newest token is computed
-// again over every key — so every KV it holds was computed with full attention, and the greedy output is
-// full KV's, bit for bit.
+// after the first compression event flags it (here the end-of-prefill check), the request falls back to
+// full KV and every token since that event is computed again over every key — so every KV it holds was
+// computed with full attention, and the greedy output is full KV's, bit for bit.
 TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutput) {
   std::string prompt;
-  for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+  for (int i = 0; i < 16; ++i) prompt += kPrompts[static_cast<size_t>(i % 8)] + ". ";
   Request r = request(prompt, 60, compress::PolicyKind::KNorm);
+  ASSERT_GT(r.prompt.size(), 100u);  // > budget + interval + a chunk: compresses during a chunked prefill
   r.kv.recall.enabled = true;
   r.kv.recall.bring_back = false;
   r.kv.recall.every = 1;
@@ -339,20 +339,36 @@ TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutpu
   EngineOptions eo;
   eo.kv_cold = "host:64M";
   eo.contexts = 2;
-  Engine e(*model_, eo);
   SchedulerOptions so;
   so.max_running = 1;
   so.prefix_cache = false;
-  Scheduler sched(e, so);
-  std::map<uint64_t, Outcome> out;
-  const uint64_t id = submit(sched, r, out);
-  run(sched, out);
-  const RequestStats& st = out[id].stats;
-  EXPECT_GT(st.compression.evicted_slots, 0);
-  EXPECT_EQ(st.compression.recall.guard_fallbacks, 1);
-  EXPECT_EQ(st.compression.recall.exact_checks, 1);  // none after the fallback
-  EXPECT_EQ(out[id].text, solo(request(prompt, 60, compress::PolicyKind::Full), false));
-  EXPECT_EQ(e.kv().pool().used_pages(), 0);
+  auto outcome = [&](const Request& req, const SchedulerOptions& opts, int64_t* used_after = nullptr) {
+    Engine e(*model_, eo);
+    Scheduler sched(e, opts);
+    std::map<uint64_t, Outcome> out;
+    const uint64_t id = submit(sched, req, out);
+    run(sched, out);
+    if (used_after != nullptr) *used_after = e.kv().pool().used_pages();
+    return out[id];
+  };
+  // The prompt compresses during prefill (chunks are clipped to the next event), so its later tokens were
+  // computed with keys missing: the fallback computes them again (with only the newest token recomputed,
+  // both runs below give other text). Default chunks, then chunks of 16.
+  Outcome first;
+  for (const int32_t chunk : {256, 16}) {
+    SchedulerOptions opts = so;
+    opts.step_tokens = chunk;
+    int64_t used = -1;
+    const Outcome o = outcome(r, opts, &used);
+    const RequestStats& st = o.stats;
+    EXPECT_GT(st.compression.evicted_slots, 0) << chunk;
+    EXPECT_EQ(st.compression.recall.guard_fallbacks, 1) << chunk;
+    EXPECT_EQ(st.compression.recall.exact_checks, 1) << chunk;  // none after the fallback
+    EXPECT_EQ(o.text, outcome(request(prompt, 60, compress::PolicyKind::Full), opts).text) << chunk;
+    EXPECT_EQ(used, 0) << chunk;
+    if (chunk == 256) first = o;
+  }
+  const Outcome out = first;
   // Off (0), the same request keeps compressing and its output is the compressed one.
   r.kv.recall.exact_guard = 0;
   Engine e2(*model_, eo);
@@ -364,7 +380,7 @@ TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutpu
   Request plain = r;
   plain.kv.recall = compress::RecallConfig{};
   EXPECT_EQ(out2[id2].text, solo(plain, false));
-  EXPECT_NE(out2[id2].text, out[id].text) << "compression should change this output (else the test shows nothing)";
+  EXPECT_NE(out2[id2].text, out.text) << "compression should change this output (else the test shows nothing)";
 }
 
 TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {

@@ -196,4 +196,34 @@ TEST(EvalCli, TasksReportsAccuracyPerTask) {
   EXPECT_NE(r.out.find("peak resident KV"), std::string::npos);
 }
 
+// The exact drift check and guard through the command line: --answer-only generates the expected
+// answer's token count; --kv-drift-exact reports one exact check per recall check (every token here) and
+// never falls back; --kv-guard-exact with the smallest threshold falls back on the first check that moves.
+TEST(EvalCli, TasksReportsTheExactDriftCheckPerSample) {
+  const std::string base = "eval tasks -m " + kModel + " -q -t 1 --ctx 512 --n 2 --task pointer --json --answer-only --kv-policy knorm "
+                           "--kv-budget 32 --kv-cold host:64M --kv-recall-every 1 ";
+  const CmdResult drift = run(base + "--kv-drift-exact");
+  ASSERT_EQ(drift.status, 0) << drift.err;
+  const auto jd = nlohmann::json::parse(drift.out);
+  int64_t checks = 0, skipped = 0;
+  for (const auto& smp : jd["tasks"][0]["samples"]) {
+    checks += smp["exact_checks"].get<int64_t>();
+    skipped += smp["exact_skipped"].get<int64_t>();
+    EXPECT_EQ(smp["guard_fallbacks"].get<int64_t>(), 0);
+    EXPECT_GE(smp["exact_tv_max"].get<double>(), 0.0);
+    EXPECT_LE(smp["exact_tv_max"].get<double>(), 1.0);
+  }
+  EXPECT_GT(checks, 2);
+  EXPECT_EQ(skipped, 0);  // the default pool holds the scratch copy
+  const CmdResult guard = run(base + "--kv-guard-exact --kv-guard-exact-tv 0.000001");
+  ASSERT_EQ(guard.status, 0) << guard.err;
+  const auto jg = nlohmann::json::parse(guard.out);
+  int64_t fallbacks = 0;
+  for (const auto& smp : jg["tasks"][0]["samples"]) fallbacks += smp["guard_fallbacks"].get<int64_t>();
+  EXPECT_EQ(fallbacks, 2);
+  const CmdResult off = run(base);
+  ASSERT_EQ(off.status, 0) << off.err;
+  for (const auto& smp : nlohmann::json::parse(off.out)["tasks"][0]["samples"]) EXPECT_EQ(smp["exact_checks"].get<int64_t>(), 0);
+}
+
 }  // namespace

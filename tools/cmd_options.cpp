@@ -74,11 +74,12 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
                "At every recall check also compute the newest token over all of the request's KV (hot and cold) and report "
                "how far its next-token distribution is from the compressed one (total variation; one full-context step "
                "per check; needs --kv-cold)");
-  cmd.add_flag("--kv-guard-exact{" + std::to_string(compress::kExactGuardTv).substr(0, 4) + "}", o.guard_exact,
-               "Exact guard (implies --kv-drift-exact): when a check's next-token distribution with every KV is this far "
-               "(total variation, default 0.15) from the compressed one, or its most likely token differs, the request "
-               "falls back to full KV at once; --kv-guard-exact=TV sets another distance")
-      ->check(CLI::Range(0.0, 1.0));
+  cmd.add_flag("--kv-guard-exact", o.guard_exact,
+               "Exact guard (implies --kv-drift-exact): when a check's next-token distribution with every KV is "
+               "--kv-guard-exact-tv away (total variation) from the compressed one, or its most likely token differs, the "
+               "request falls back to full KV at once");
+  cmd.add_option("--kv-guard-exact-tv", o.guard_exact_tv, "The exact guard's total-variation threshold")
+      ->check(CLI::Range(1e-6, 1.0));
   cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
   cmd.add_option("--kv-recall-rows", o.recall_rows,
                  "Newest query rows scored at a decode-time recall check (those tokens are computed again when pages come back)")
@@ -109,15 +110,15 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.protect_prompt = o.protect_prompt;
   c.naive = o.naive;
   c.calib_path = o.calib;
-  c.recall.enabled = o.recall || o.drift || o.drift_exact || o.guard_exact > 0;
+  c.recall.enabled = o.recall || o.drift || o.drift_exact || o.guard_exact;
   c.recall.bring_back = o.recall;
   c.recall.every = o.recall_every;
   c.recall.max_pages = o.recall_pages;
   c.recall.rows = o.recall_rows;
   c.recall.min_share = o.recall_share;
   c.recall.guard = o.guard;
-  c.recall.exact = o.drift_exact || o.guard_exact > 0;
-  c.recall.exact_guard = o.guard_exact;
+  c.recall.exact = o.drift_exact || o.guard_exact;
+  c.recall.exact_guard = o.guard_exact ? o.guard_exact_tv : 0.0f;
   // Load the statistics first (when given) so that validate() sees them — whatever the default policy:
   // a server's requests may choose triattention / trispan per request (kv_policy) and need them then. A
   // policy that cannot run without them gets them computed once on built-in text and cached
@@ -175,7 +176,7 @@ EngineOptions engine_options(const ModelOptions& o) {
 
 EngineOptions engine_options(const ModelOptions& o, const KvOptions& kv) {
   EngineOptions e = engine_options(o);
-  if (kv.drift_exact || kv.guard_exact > 0) e.contexts = 2;  // the exact drift check's scratch copy of a whole context
+  if (kv.drift_exact || kv.guard_exact) e.contexts = 2;  // the exact drift check's scratch copy of a whole context
   return e;
 }
 

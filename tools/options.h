@@ -41,7 +41,8 @@ struct KvOptions {
   bool recall = false;
   bool drift = false;
   bool drift_exact = false;
-  float guard_exact = 0.0f;  // --kv-guard-exact[=TV]: 0 = off
+  bool guard_exact = false;
+  float guard_exact_tv = compress::kExactGuardTv;
   int32_t recall_every = 16;
   int32_t recall_pages = 4;
   int32_t recall_rows = 1;

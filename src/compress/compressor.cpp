@@ -64,7 +64,8 @@ SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
       protected_prefix_(o.protected_prefix_), pool_(o.pool_), evicted_(nullptr), n_streams_(o.n_streams_),
       frozen_(o.frozen_), n_compressed_streams_(o.n_compressed_streams_), stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
-      samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), fallen_back_(o.fallen_back_),
+      samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), first_event_pos_(o.first_event_pos_),
+      fallen_back_(o.fallen_back_),
       naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
 
 std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
@@ -148,16 +149,21 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   if (got == 0) return 0;
   // The newest tokens whose slots are the last ones of every stream, in order, up to the rows scored:
   // those can be dropped and computed again over the recalled keys.
-  int32_t tail = std::min(rows, kv.next_pos());
+  const int32_t tail = droppable_tail(kv, rows);
+  if (tail == 0) return 0;
+  evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
+  recomputing_ = true;
+  return tail;
+}
+
+int32_t SequenceCompressor::droppable_tail(const kv::SequenceKv& kv, int32_t want) const {
+  int32_t tail = std::min(want, kv.next_pos());
   for (int32_t s = 0; s < n_streams_ && tail > 0; ++s) {
     const int32_t len = kv.n_slots(s);
     int32_t ok = 0;
     while (ok < tail && ok < len && kv.position(s, len - 1 - ok) == kv.next_pos() - 1 - ok) ++ok;
     tail = ok;
   }
-  if (tail == 0) return 0;
-  evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
-  recomputing_ = true;
   return tail;
 }
 
@@ -179,14 +185,19 @@ int32_t SequenceCompressor::record_exact_check(kv::SequenceKv& kv, const float* 
   int32_t recompute = 0;
   const bool flagged = rs.exact_flips > flips || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
   if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0) {
-    // The evicted keys change what this request would emit: full KV from here on. The newest token's
-    // slot was never evicted (the window keeps it), so dropping and recomputing it sees every key.
+    // The evicted keys change what this request would emit: full KV from here on. Every token from the
+    // first compression event on was computed over a hot set with keys missing (during prefill, most of
+    // the prompt): with every key back they are dropped and computed again, so the request continues
+    // exactly as a full-KV run would (one prefill's worth of work). Where a stream cannot give back that
+    // tail (a pool too small for the whole KV, a sliding-window layer's released pages) as much of it as
+    // can be, at least the newest token.
     bool complete = false;
     recall_.restore_all(kv, *evicted_, complete);
     ++rs.guard_fallbacks;
     fallen_back_ = true;
     recomputing_ = true;  // the before_sample after the recompute runs no check
-    recompute = 1;
+    const int32_t since_event = first_event_pos_ >= 0 ? kv.next_pos() - first_event_pos_ : 1;
+    recompute = std::max(1, droppable_tail(kv, std::max(1, since_event)));
   }
   stats_.recall = recall_.stats();
   return recompute;
@@ -232,6 +243,7 @@ Protection SequenceCompressor::protection(const kv::SequenceKv& kv, int32_t s) c
 
 void SequenceCompressor::compress(kv::SequenceKv& kv) {
   if (!cfg_.enabled()) return;
+  if (first_event_pos_ < 0) first_event_pos_ = kv.next_pos();  // every token before it saw every key
   attn_lse_fresh_ = false;  // the hot set changes
   const double t0 = now_s();
   scorer_->score(ScoringInputs{kv, &queries_, needs_.key_mass ? &mass_ : nullptr, qstats_, pool_, frozen_}, scores_);

@@ -87,7 +87,8 @@ class SequenceCompressor : public ForwardObserver {
   bool take_exact_check_due();
   bool copy_cold_into(kv::SequenceKv& fork);
   // Returns how many of the newest tokens the caller must drop and compute again before sampling (as
-  // before_sample): 1 when the exact guard (RecallConfig::exact_guard) saw a flip and restored full KV.
+  // before_sample): when the exact guard (RecallConfig::exact_guard) flags the check and restores full KV,
+  // every token since the first compression event (whose KV was computed with keys missing).
   int32_t record_exact_check(kv::SequenceKv& kv, const float* compressed_logits, const float* full_logits, int32_t n_vocab);
   void record_exact_skip();
   // Tokens that can still be appended before the next scheduled event fires (>= 1). Prefill loops clip
@@ -125,6 +126,9 @@ class SequenceCompressor : public ForwardObserver {
   int64_t live_total(const kv::SequenceKv& kv) const;
   // Protection of stream s: the config's, plus leading shared (prefix-cache) pages treated as sinks.
   Protection protection(const kv::SequenceKv& kv, int32_t s) const;
+  // The largest n <= want such that every stream's last n slots hold the newest n positions, in order:
+  // the tokens that can be dropped (SequenceKv::truncate_tail) and computed again.
+  int32_t droppable_tail(const kv::SequenceKv& kv, int32_t want) const;
 
   CompressConfig cfg_;
   ModelConfig mc_;
@@ -151,6 +155,7 @@ class SequenceCompressor : public ForwardObserver {
   int64_t samples_ = 0;  // before_sample calls so far (recomputes excluded)
   bool recomputing_ = false;
   bool exact_due_ = false;  // a check ran: the exact drift check is due on the logits it leads to
+  int32_t first_event_pos_ = -1;  // next_pos at the first compression event (-1: none yet)
   // The latest one-token forward's attention log-sum-exp per (layer, head), and whether the hot set is still
   // the one it was computed over (no event or exchange since).
   std::vector<float> attn_lse_;
