@@ -395,6 +395,9 @@ TEST(Prometheus, FamiliesHaveHelpAndTypeAndHistogramsAreCumulative) {
   tri.events = 2;  // compacted, evicted nothing yet: counters yes, no efficiency
   tri.recall.checks = 3;
   tri.recall.drift_max = 0.25;
+  tri.recall.exact_checks = 5;
+  tri.recall.exact_flips = 1;
+  tri.recall.guard_fallbacks = 1;
   m.compression_by_policy["triattention"] = tri;
   const std::string t = render_prometheus(m, h, ctx);
   auto has = [&](const std::string& s) { return has_in(t, s); };
@@ -409,6 +412,9 @@ TEST(Prometheus, FamiliesHaveHelpAndTypeAndHistogramsAreCumulative) {
   EXPECT_TRUE(has("kvpack_kv_compactions_total{policy=\"triattention\"} 2\n"));
   EXPECT_TRUE(has("kvpack_kv_drift_max{policy=\"triattention\"} 0.25\n"));
   EXPECT_FALSE(has("kvpack_kv_drift_max{policy=\"knorm\"}"));
+  EXPECT_TRUE(has("kvpack_kv_exact_checks_total{policy=\"triattention\"} 5\n"));
+  EXPECT_TRUE(has("kvpack_kv_exact_flips_total{policy=\"triattention\"} 1\n"));
+  EXPECT_TRUE(has("kvpack_kv_guard_fallbacks_total{policy=\"triattention\"} 1\n"));
   EXPECT_TRUE(has("# TYPE kvpack_preemptions_total counter\n"));
   EXPECT_TRUE(has("kvpack_preemptions_total{reason=\"lfu\"} 4\n"));
   const std::string model = "model_name=\"my \\\"model\\\"\"";  // the quotes escaped

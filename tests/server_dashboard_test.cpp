@@ -112,6 +112,46 @@ TEST_F(DashboardTest, EveryQueriedMetricExistsAndHasSamples) {
   EXPECT_GE(checked, 40);
 }
 
+// The exact drift check and its guard through the HTTP API (a real server on loopback): kv_drift_exact gives
+// usage.kvpack.exact_tv and the kvpack_kv_exact_* counters; kv_guard_exact is accepted; a non-boolean is a 400.
+TEST_F(DashboardTest, TheExactDriftCheckIsReportedPerRequestAndAsMetrics) {
+  EngineOptions eo;
+  eo.threads = 1;
+  eo.kv_cold = "host:64M";
+  eo.contexts = 2;
+  Engine engine(*model_, eo);
+  server::ServerOptions opt;
+  opt.host = "127.0.0.1";
+  opt.port = 0;
+  server::Server srv(engine, opt);
+  const int port = srv.start();
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  json req = {{"prompt", "Once upon a time"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true},
+              {"kv_policy", "knorm"}, {"kv_budget", 48}, {"kv_drift_exact", true}};
+  auto r = cli.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json usage = json::parse(r->body)["usage"]["kvpack"];
+  EXPECT_GT(usage["evicted_tokens"].get<int64_t>(), 0);
+  EXPECT_GE(usage["exact_tv"].get<double>(), 0.0);
+  EXPECT_LE(usage["exact_tv"].get<double>(), 1.0);
+  EXPECT_EQ(usage["guard_fallbacks"].get<int64_t>(), 0);  // no guard asked for
+  req.erase("kv_drift_exact");
+  req["kv_guard_exact"] = true;
+  r = cli.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_GE(json::parse(r->body)["usage"]["kvpack"]["exact_tv"].get<double>(), 0.0);
+  req["kv_guard_exact"] = "yes";
+  EXPECT_EQ(cli.Post("/v1/completions", req.dump(), "application/json")->status, 400);
+  const std::string metrics = cli.Get("/metrics")->body;
+  srv.stop();
+  const std::string key = "kvpack_kv_exact_checks_total{policy=\"knorm\"} ";
+  const size_t at = metrics.find(key);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GE(std::stod(metrics.substr(at + key.size())), 2.0);  // at least the end-of-prefill check of each request
+  EXPECT_NE(metrics.find("kvpack_kv_guard_fallbacks_total{policy=\"knorm\"} "), std::string::npos);
+}
+
 TEST(DashboardQueries, MetricNamesSkipLabelsAndFunctions) {
   const auto n = metric_names(R"(histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{model_name=~"kvpack_x"}[5m]))) / kvpack_kv_pages_total)");
   EXPECT_EQ(n, (std::set<std::string>{"vllm:e2e_request_latency_seconds_bucket", "kvpack_kv_pages_total"}));

@@ -156,6 +156,16 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
     s.kv.recall.enabled = as_bool(*v, "kv_recall");
     s.kv.recall.bring_back = s.kv.recall.enabled;
   }
+  // The exact drift check and its guard (compress::RecallConfig::exact / exact_guard; need --kv-cold too).
+  if (const json* v = field(b, "kv_drift_exact"); v != nullptr && as_bool(*v, "kv_drift_exact")) {
+    s.kv.recall.exact = true;
+    s.kv.recall.enabled = true;
+  }
+  if (const json* v = field(b, "kv_guard_exact"); v != nullptr && as_bool(*v, "kv_guard_exact")) {
+    s.kv.recall.exact = true;
+    s.kv.recall.enabled = true;
+    if (s.kv.recall.exact_guard <= 0) s.kv.recall.exact_guard = compress::kExactGuardTv;
+  }
   if (s.kv.policy != compress::PolicyKind::Full) {
     try {
       s.kv.validate(*ctx.model, ctx.calibration);
@@ -507,6 +517,9 @@ Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_st
   u.recalled_pages = st.compression.recall.pages_recalled;
   u.recall_bytes_read = static_cast<int64_t>(st.compression.recall.bytes_read);
   u.drift = st.compression.recall.checks > 0 ? st.compression.recall.drift_max : -1.0;
+  u.exact_tv = st.compression.recall.exact_checks > 0 ? st.compression.recall.exact_tv_max : -1.0;
+  u.exact_flips = st.compression.recall.exact_flips;
+  u.guard_fallbacks = st.compression.recall.guard_fallbacks;
   u.swap_ins = st.swap_ins;
   u.freed_pages = st.compression.freed_pages;
   u.pages_saved = st.fork_shared_pages;
@@ -536,6 +549,9 @@ json usage_json(const Usage& u) {
                           {"recalled_pages", u.recalled_pages},
                           {"recall_bytes_read", u.recall_bytes_read},
                           {"drift", u.drift},
+                          {"exact_tv", u.exact_tv},
+                          {"exact_flips", u.exact_flips},
+                          {"guard_fallbacks", u.guard_fallbacks},
                           {"swap_ins", u.swap_ins},
                           {"freed_pages", u.freed_pages},
                           {"choices", u.choices},
@@ -568,6 +584,9 @@ Usage combine_usage(const std::vector<Usage>& per_choice) {
     u.freed_pages += c.freed_pages;
     u.compaction_seconds += c.compaction_seconds;
     u.drift = std::max(u.drift, c.drift);
+    u.exact_tv = std::max(u.exact_tv, c.exact_tv);
+    u.exact_flips += c.exact_flips;
+    u.guard_fallbacks += c.guard_fallbacks;
     u.shared_prompt_pages = std::max(u.shared_prompt_pages, c.shared_prompt_pages);
     u.pages_saved += c.pages_saved;
   }

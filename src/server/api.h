@@ -113,6 +113,10 @@ struct Usage {
   int64_t evicted_cold_pages = 0, evicted_cold_bytes = 0;  // evicted tokens kept in the cold tier
   int64_t recalled_pages = 0, recall_bytes_read = 0;        // recall: pages brought back, cold bytes read
   double drift = -1;                                        // the drift estimate's largest value (-1: not measured)
+  // The exact drift check (kv_drift_exact): its largest total variation (-1: no check), checks whose most
+  // likely token differed, and fallbacks to full KV (either guard).
+  double exact_tv = -1;
+  int64_t exact_flips = 0, guard_fallbacks = 0;
   int32_t swap_ins = 0;
   int64_t freed_pages = 0;                                  // pages compaction returned to the pool
   // n > 1: the prompt's full pages the choices shared (taken by reference from choice 0), and the pages

@@ -225,6 +225,12 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, con
              [](const compress::CompressionStats& c) { return count(c.recall.seconds); });
   per_policy(w, m, "gauge", "kvpack_kv_drift_max", "Largest drift estimate seen (share of attention evicted keys could hold); no sample before the first recall check.",
              [](const compress::CompressionStats& c) { return c.recall.checks > 0 ? std::optional<double>(c.recall.drift_max) : std::nullopt; });
+  per_policy(w, m, "counter", "kvpack_kv_exact_checks_total", "Exact drift checks (the newest token computed again over every KV).",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.exact_checks)); });
+  per_policy(w, m, "counter", "kvpack_kv_exact_flips_total", "Exact drift checks whose most likely next token differed with every KV.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.exact_flips)); });
+  per_policy(w, m, "counter", "kvpack_kv_guard_fallbacks_total", "Requests a drift guard sent back to full KV.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.guard_fallbacks)); });
   w.metric("gauge", "kvpack_kv_cold_digest_bytes", "Hot memory held by the key digests of evicted cold pages (live sequences).",
            e.digest_bytes);
   w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);

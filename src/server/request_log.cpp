@@ -81,6 +81,8 @@ nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent
       {"recalled_pages", u.recalled_pages},
       {"recall_bytes_read", u.recall_bytes_read},
       {"drift", u.drift < 0 ? nlohmann::json(nullptr) : nlohmann::json(u.drift)},
+      {"exact_tv", u.exact_tv < 0 ? nlohmann::json(nullptr) : nlohmann::json(u.exact_tv)},
+      {"guard_fallbacks", u.guard_fallbacks},
       {"preemptions", u.preemptions},
       {"swap_outs", u.swap_outs},
       {"swap_ins", u.swap_ins},
