@@ -78,16 +78,22 @@ class SwapTest : public ::testing::Test {
   // The request alone on a fresh engine with the same prefix-cache setting (a compressed sequence's
   // registered prompt blocks are protected from eviction, so the setting is part of the configuration).
   static std::string solo(const Request& r, bool prefix_cache = true) {
-    Engine e(*model_, EngineOptions{});
-    e.set_calibration(*calib_);
     SchedulerOptions so;
-    so.max_running = 1;
     so.prefix_cache = prefix_cache;
+    return alone(r, EngineOptions{}, so).text;
+  }
+  // The request alone (max_running 1) on a fresh engine with these options; `pages_left`: the pool's used
+  // pages once it finished.
+  static Outcome alone(const Request& r, const EngineOptions& eo, SchedulerOptions so, int64_t* pages_left = nullptr) {
+    Engine e(*model_, eo);
+    e.set_calibration(*calib_);
+    so.max_running = 1;
     Scheduler sched(e, so);
     std::map<uint64_t, Outcome> out;
     const uint64_t id = submit(sched, r, out);
     run(sched, out);
-    return out[id].text;
+    if (pages_left != nullptr) *pages_left = e.kv().pool().used_pages();
+    return out[id];
   }
   static uint64_t submit(Scheduler& s, Request r, std::map<uint64_t, Outcome>& out) {
     auto id = std::make_shared<uint64_t>(0);
@@ -269,25 +275,17 @@ TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
     EngineOptions eo;
     eo.kv_cold = "host:64M";
     eo.contexts = 2;
-    auto outcome = [&](const Request& req, Engine& e) {
-      SchedulerOptions so;
-      so.max_running = 1;
-      so.prefix_cache = false;
-      Scheduler sched(e, so);
-      std::map<uint64_t, Outcome> out;
-      const uint64_t id = submit(sched, req, out);
-      run(sched, out);
-      return out[id];
-    };
-    Engine e1(*model_, eo), e2(*model_, eo);
-    const Outcome with = outcome(r, e1), without = outcome(plain, e2);
+    SchedulerOptions so;
+    so.prefix_cache = false;
+    int64_t left = -1;
+    const Outcome with = alone(r, eo, so, &left), without = alone(plain, eo, so);
     const compress::RecallStats& rs = with.stats.compression.recall;
     EXPECT_EQ(with.text, without.text) << budget;
     EXPECT_GE(rs.checks, 60 / 4) << budget;  // end of prefill, then every 4 tokens
     EXPECT_EQ(rs.exact_checks, rs.checks) << budget;  // one exact check per recall check
     EXPECT_EQ(rs.exact_skipped, 0) << budget;
     EXPECT_EQ(without.stats.compression.recall.exact_checks, 0);
-    EXPECT_EQ(e1.kv().pool().used_pages(), 0) << budget;
+    EXPECT_EQ(left, 0) << budget;
     if (budget >= static_cast<int32_t>(r.prompt.size()) + 60) {  // nothing evicted
       EXPECT_EQ(with.stats.compression.evicted_slots, 0);
       EXPECT_EQ(rs.exact_tv_max, 0.0) << "first " << rs.exact_tv_first << " last " << rs.exact_tv_last;
@@ -307,19 +305,14 @@ TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
   EngineOptions eo;
   eo.kv_cold = "host:64M";
   eo.kv_pages = kStreams * 7;  // the hot set fits, a whole-context copy beside it does not
-  Engine e(*model_, eo);
   SchedulerOptions so;
-  so.max_running = 1;
   so.prefix_cache = false;
-  Scheduler sched(e, so);
-  std::map<uint64_t, Outcome> out;
-  const uint64_t id = submit(sched, r, out);
-  run(sched, out);
-  EXPECT_GT(out[id].stats.compression.recall.exact_skipped, 0);
-  EXPECT_EQ(out[id].stats.compression.recall.exact_checks + out[id].stats.compression.recall.exact_skipped,
-            out[id].stats.compression.recall.checks);
-  EXPECT_EQ(out[id].text, solo(request(prompt, 20, compress::PolicyKind::KNorm), false));
-  EXPECT_EQ(e.kv().pool().used_pages(), 0);
+  int64_t left = -1;
+  const Outcome o = alone(r, eo, so, &left);
+  EXPECT_GT(o.stats.compression.recall.exact_skipped, 0);
+  EXPECT_EQ(o.stats.compression.recall.exact_checks + o.stats.compression.recall.exact_skipped, o.stats.compression.recall.checks);
+  EXPECT_EQ(o.text, solo(request(prompt, 20, compress::PolicyKind::KNorm), false));
+  EXPECT_EQ(left, 0);
 }
 
 // The exact guard at its most sensitive (any change of the next-token distribution): the first check
@@ -340,17 +333,7 @@ TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutpu
   eo.kv_cold = "host:64M";
   eo.contexts = 2;
   SchedulerOptions so;
-  so.max_running = 1;
   so.prefix_cache = false;
-  auto outcome = [&](const Request& req, const SchedulerOptions& opts, int64_t* used_after = nullptr) {
-    Engine e(*model_, eo);
-    Scheduler sched(e, opts);
-    std::map<uint64_t, Outcome> out;
-    const uint64_t id = submit(sched, req, out);
-    run(sched, out);
-    if (used_after != nullptr) *used_after = e.kv().pool().used_pages();
-    return out[id];
-  };
   // The prompt compresses during prefill (chunks are clipped to the next event), so its later tokens were
   // computed with keys missing: the fallback computes them again (with only the newest token recomputed,
   // both runs below give other text). Default chunks, then chunks of 16.
@@ -359,28 +342,23 @@ TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutpu
     SchedulerOptions opts = so;
     opts.step_tokens = chunk;
     int64_t used = -1;
-    const Outcome o = outcome(r, opts, &used);
+    const Outcome o = alone(r, eo, opts, &used);
     const RequestStats& st = o.stats;
     EXPECT_GT(st.compression.evicted_slots, 0) << chunk;
     EXPECT_EQ(st.compression.recall.guard_fallbacks, 1) << chunk;
     EXPECT_EQ(st.compression.recall.exact_checks, 1) << chunk;  // none after the fallback
-    EXPECT_EQ(o.text, outcome(request(prompt, 60, compress::PolicyKind::Full), opts).text) << chunk;
+    EXPECT_EQ(o.text, alone(request(prompt, 60, compress::PolicyKind::Full), eo, opts).text) << chunk;
     EXPECT_EQ(used, 0) << chunk;
     if (chunk == 256) first = o;
   }
-  const Outcome out = first;
   // Off (0), the same request keeps compressing and its output is the compressed one.
   r.kv.recall.exact_guard = 0;
-  Engine e2(*model_, eo);
-  Scheduler sched2(e2, so);
-  std::map<uint64_t, Outcome> out2;
-  const uint64_t id2 = submit(sched2, r, out2);
-  run(sched2, out2);
-  EXPECT_EQ(out2[id2].stats.compression.recall.guard_fallbacks, 0);
+  const Outcome off = alone(r, eo, so);
+  EXPECT_EQ(off.stats.compression.recall.guard_fallbacks, 0);
   Request plain = r;
   plain.kv.recall = compress::RecallConfig{};
-  EXPECT_EQ(out2[id2].text, solo(plain, false));
-  EXPECT_NE(out2[id2].text, out.text) << "compression should change this output (else the test shows nothing)";
+  EXPECT_EQ(off.text, solo(plain, false));
+  EXPECT_NE(off.text, first.text) << "compression should change this output (else the test shows nothing)";
 }
 
 TEST_F(SwapTest, AFullTierFallsBackToRecomputeAndLosesNothing) {

@@ -55,6 +55,22 @@ std::set<std::string> metric_names(const std::string& expr) {
 
 class DashboardTest : public test::StoriesModelTest {};
 
+// An engine with `eo` behind a real server on a loopback port, and a client for it.
+struct LoopbackServer {
+  LoopbackServer(const Model& model, const EngineOptions& eo) : engine(model, eo), srv(engine, options()), cli("127.0.0.1", srv.start()) {
+    cli.set_read_timeout(120, 0);
+  }
+  static server::ServerOptions options() {
+    server::ServerOptions opt;
+    opt.host = "127.0.0.1";
+    opt.port = 0;
+    return opt;
+  }
+  Engine engine;
+  server::Server srv;
+  httplib::Client cli;
+};
+
 TEST_F(DashboardTest, EveryQueriedMetricExistsAndHasSamples) {
   std::ifstream in(std::string(KVPACK_SOURCE_DIR) + "/deploy/grafana/kvpack-dashboard.json");
   ASSERT_TRUE(in) << "deploy/grafana/kvpack-dashboard.json missing";
@@ -66,21 +82,15 @@ TEST_F(DashboardTest, EveryQueriedMetricExistsAndHasSamples) {
   EngineOptions eo;
   eo.threads = 1;
   eo.kv_cold = "host:64M";
-  Engine engine(*model_, eo);
-  server::ServerOptions opt;
-  opt.host = "127.0.0.1";
-  opt.port = 0;
-  server::Server srv(engine, opt);
-  const int port = srv.start();
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(120, 0);
+  LoopbackServer server(*model_, eo);
+  httplib::Client& cli = server.cli;
   json compressed = {{"prompt", "Once upon a time"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true},
                      {"kv_policy", "knorm"}, {"kv_budget", 48}, {"kv_recall", true}};
   ASSERT_EQ(cli.Post("/v1/completions", compressed.dump(), "application/json")->status, 200);
   json plain = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
   ASSERT_EQ(cli.Post("/v1/completions", plain.dump(), "application/json")->status, 200);
   const std::string metrics = cli.Get("/metrics")->body;
-  srv.stop();
+  server.srv.stop();
 
   std::map<std::string, std::string> type_of;  // family -> type
   std::set<std::string> sampled;               // families with at least one sample
@@ -119,14 +129,8 @@ TEST_F(DashboardTest, TheExactDriftCheckIsReportedPerRequestAndAsMetrics) {
   eo.threads = 1;
   eo.kv_cold = "host:64M";
   eo.contexts = 2;
-  Engine engine(*model_, eo);
-  server::ServerOptions opt;
-  opt.host = "127.0.0.1";
-  opt.port = 0;
-  server::Server srv(engine, opt);
-  const int port = srv.start();
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(120, 0);
+  LoopbackServer server(*model_, eo);
+  httplib::Client& cli = server.cli;
   json req = {{"prompt", "Once upon a time"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true},
               {"kv_policy", "knorm"}, {"kv_budget", 48}, {"kv_drift_exact", true}};
   auto r = cli.Post("/v1/completions", req.dump(), "application/json");
@@ -144,7 +148,7 @@ TEST_F(DashboardTest, TheExactDriftCheckIsReportedPerRequestAndAsMetrics) {
   req["kv_guard_exact"] = "yes";
   EXPECT_EQ(cli.Post("/v1/completions", req.dump(), "application/json")->status, 400);
   const std::string metrics = cli.Get("/metrics")->body;
-  srv.stop();
+  server.srv.stop();
   const std::string key = "kvpack_kv_exact_checks_total{policy=\"knorm\"} ";
   const size_t at = metrics.find(key);
   ASSERT_NE(at, std::string::npos) << metrics;
