@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "eval/sweep.h"
 #include "model/model.h"
 
@@ -30,7 +32,9 @@ struct CmdResult {
 };
 
 CmdResult run(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/kvpack_eval_stderr.txt";
+  // One file per test process: ctest runs these tests in parallel, and a shared name let one test read
+  // another's stderr.
+  const std::string err_path = ::testing::TempDir() + "/kvpack_eval_stderr." + std::to_string(getpid()) + ".txt";
   const std::string cmd = kBin + " " + args + " 2>" + err_path;
   CmdResult r{};
   FILE* p = popen(cmd.c_str(), "r");

@@ -322,6 +322,8 @@ int64_t Recall::bring_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool forget, 
   std::vector<uint8_t> records;
   std::vector<kv::SequenceKv::InsertedSlot> insert;
   std::vector<int32_t> keep, pages;
+  std::vector<kv::EvictedKv::PageRef> refs;
+  std::vector<uint8_t*> outs;
   for (int32_t s = 0; s < cold.n_streams(); ++s) {
     const auto list = cold.pages(s);
     pages.clear();
@@ -330,19 +332,28 @@ int64_t Recall::bring_all(kv::SequenceKv& kv, kv::EvictedKv& cold, bool forget, 
     if (pages.empty()) continue;
     records.resize(pages.size() * pool.record_bytes());
     insert.clear();
+    // One batched tier call per stream (the host tier spreads its copies over its threads).
+    refs.clear();
+    outs.clear();
+    for (size_t i = 0; i < pages.size(); ++i) {
+      refs.push_back({s, pages[i]});
+      outs.push_back(records.data() + i * pool.record_bytes());
+    }
+    const std::span<const bool> ok = cold.read_many(refs, outs);
     std::vector<int32_t> got;
     for (size_t i = 0; i < pages.size(); ++i) {
-      std::span<uint8_t> rec(records.data() + i * pool.record_bytes(), pool.record_bytes());
-      if (!cold.read(s, pages[i], rec)) {
+      if (!ok[i]) {
         if (forget) ++stats_.fallback_pages_lost;
         complete = false;
         continue;
       }
       got.push_back(pages[i]);
-      const auto* pos = reinterpret_cast<const int32_t*>(rec.data() + pos_off);
+      const uint8_t* rec = outs[i];
+      const auto* pos = reinterpret_cast<const int32_t*>(rec + pos_off);
       for (int32_t j = 0; j < list[static_cast<size_t>(pages[i])].n_slots; ++j)
-        insert.push_back({rec.data() + static_cast<size_t>(j) * row, rec.data() + voff + static_cast<size_t>(j) * row, pos[j]});
+        insert.push_back({rec + static_cast<size_t>(j) * row, rec + voff + static_cast<size_t>(j) * row, pos[j]});
     }
+    if (!forget && !complete) return restored;  // a copy with a page missing is of no use: stop reading
     std::sort(insert.begin(), insert.end(), [](const auto& a, const auto& b) { return a.pos < b.pos; });
     keep.resize(static_cast<size_t>(kv.n_slots(s)));
     std::iota(keep.begin(), keep.end(), 0);
