@@ -229,15 +229,18 @@ TEST_F(SwapTest, TheDriftGuardFallsBackToFullKvWithEveryTokenHot) {
     Request r = request(kPrompts[2], 100, compress::PolicyKind::KNorm);
     r.kv.recall.enabled = true;
     r.kv.recall.guard = 1e-6f;
-    Engine e(*model_, tight_engine(cold));
+    EngineOptions eo;  // room for the whole context: the fallback holds it
+    eo.kv_cold = cold;
+    Engine e(*model_, eo);
     SchedulerOptions so;
     so.max_running = 1;
     so.prefix_cache = false;
     Scheduler sched(e, so);
     // A long prompt, so that prefill compresses before the first check.
     std::string prompt;
-    for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+    for (int i = 0; i < 16; ++i) prompt += kPrompts[static_cast<size_t>(i % 8)] + ". ";
     r.prompt = model_->tokenizer().encode(prompt, true);
+    ASSERT_GT(r.prompt.size(), 100u);  // past the first event by more than the 32 rows the first check scores
     std::map<uint64_t, Outcome> out;
     const uint64_t id = submit(sched, r, out);
     run(sched, out);
@@ -248,12 +251,14 @@ TEST_F(SwapTest, TheDriftGuardFallsBackToFullKvWithEveryTokenHot) {
     EXPECT_EQ(st.compression.recall.fallback_pages_lost, 0);
     Request plain = r;
     plain.kv = compress::CompressConfig{};
-    Engine e2(*model_, tight_engine(""));
+    Engine e2(*model_, EngineOptions{});
     Scheduler sched2(e2, so);
     std::map<uint64_t, Outcome> out2;
     const uint64_t id2 = submit(sched2, plain, out2);
     run(sched2, out2);
     EXPECT_EQ(st.kv_pages_in_use, out2[id2].stats.kv_pages_in_use);  // every token hot again
+    // and every token since the first compression event computed again over them: full KV's output
+    EXPECT_EQ(out[id].text, out2[id2].text);
   }
 }
 

@@ -148,8 +148,10 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   stats_.recall = recall_.stats();
   if (got == 0) return 0;
   // The newest tokens whose slots are the last ones of every stream, in order, up to the rows scored:
-  // those can be dropped and computed again over the recalled keys.
-  const int32_t tail = droppable_tail(kv, rows);
+  // those can be dropped and computed again over the recalled keys. After a fallback to full KV, every
+  // token since the first compression event (as the exact guard does, record_exact_check).
+  const int32_t want = fallen_back_ && first_event_pos_ >= 0 ? std::max(rows, kv.next_pos() - first_event_pos_) : rows;
+  const int32_t tail = droppable_tail(kv, want);
   if (tail == 0) return 0;
   evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
   recomputing_ = true;
