@@ -182,10 +182,9 @@ bool SequenceCompressor::copy_cold_into(kv::SequenceKv& fork) {
 int32_t SequenceCompressor::record_exact_check(kv::SequenceKv& kv, const float* compressed_logits, const float* full_logits,
                                                int32_t n_vocab) {
   RecallStats& rs = recall_.mutable_stats();
-  const int64_t flips = rs.exact_flips;
-  rs.add_exact_check(compressed_logits, full_logits, n_vocab);
+  const bool flipped = rs.add_exact_check(compressed_logits, full_logits, n_vocab);
   int32_t recompute = 0;
-  const bool flagged = rs.exact_flips > flips || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
+  const bool flagged = flipped || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
   if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0) {
     // The evicted keys change what this request would emit: full KV from here on. Every token from the
     // first compression event on was computed over a hot set with keys missing (during prefill, most of

@@ -37,8 +37,9 @@ struct RecallConfig {
   bool exact = false;
   // Exact guard (0 = off; needs `exact`): a check whose next-token distribution with every KV is at least
   // this far (total variation) from the compressed one, or whose most likely token differs, sends the
-  // request back to full KV at once (every cold page back, no more compression; the newest token is
-  // computed again before sampling). Its unit is probability mass, the same for any model:
+  // request back to full KV at once (every cold page back, no more compression; every token since the
+  // first compression event computed again before sampling). Its unit is probability mass, the same for
+  // any model:
   // kExactGuardTv is the default (docs/quality.md: the detector curves it was read from).
   float exact_guard = 0.0f;
 };

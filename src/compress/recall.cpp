@@ -42,7 +42,7 @@ void RecallStats::add(const RecallStats& o) {
   if (exact_tv_first < 0) exact_tv_first = o.exact_tv_first;
 }
 
-void RecallStats::add_exact_check(const float* compressed, const float* full, int32_t n_vocab) {
+bool RecallStats::add_exact_check(const float* compressed, const float* full, int32_t n_vocab) {
   // Softmax of both rows in f64, then TV = 1/2 sum |p - q|.
   double mc = -std::numeric_limits<double>::infinity(), mf = mc;
   int32_t top_c = 0, top_f = 0;
@@ -59,11 +59,13 @@ void RecallStats::add_exact_check(const float* compressed, const float* full, in
   for (int32_t i = 0; i < n_vocab; ++i)
     tv += std::abs(std::exp(static_cast<double>(compressed[i]) - mc) / zc - std::exp(static_cast<double>(full[i]) - mf) / zf);
   tv = std::min(1.0, 0.5 * tv);
+  const bool flipped = top_c != top_f;
   ++exact_checks;
-  exact_flips += top_c != top_f ? 1 : 0;
+  exact_flips += flipped ? 1 : 0;
   exact_tv_last = tv;
   exact_tv_max = std::max(exact_tv_max, tv);
   if (exact_tv_first < 0) exact_tv_first = tv;
+  return flipped;
 }
 
 Recall::Recall(const RecallConfig& cfg, const ModelConfig& model, std::vector<uint8_t> frozen)

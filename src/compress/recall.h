@@ -68,8 +68,9 @@ struct RecallStats {
   double exact_tv_max = -1;
   double exact_tv_first = -1;    // end of prefill: before the answer
   void add(const RecallStats& o);
-  // One exact check's result from the two logit rows (n_vocab each).
-  void add_exact_check(const float* compressed, const float* full, int32_t n_vocab);
+  // One exact check's result from the two logit rows (n_vocab each); returns whether it flipped (the most
+  // likely token differs).
+  bool add_exact_check(const float* compressed, const float* full, int32_t n_vocab);
 };
 
 class Recall {
