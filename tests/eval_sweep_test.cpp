@@ -227,7 +227,9 @@ TEST(EvalCli, TasksReportsTheExactDriftCheckPerSample) {
   EXPECT_EQ(fallbacks, 2);
   const CmdResult off = run(base);
   ASSERT_EQ(off.status, 0) << off.err;
-  for (const auto& smp : nlohmann::json::parse(off.out)["tasks"][0]["samples"]) EXPECT_EQ(smp["exact_checks"].get<int64_t>(), 0);
+  // Named: a range-for over a subobject of a temporary json iterates freed memory (ASan caught it).
+  const auto jo = nlohmann::json::parse(off.out);
+  for (const auto& smp : jo["tasks"][0]["samples"]) EXPECT_EQ(smp["exact_checks"].get<int64_t>(), 0);
 }
 
 }  // namespace
