@@ -66,7 +66,10 @@ void expect_count_range_enforced(TaskKind kind, int32_t eval::TaskOptions::*fiel
 }
 
 TEST(EvalTasks, NamesParse) {
-  EXPECT_EQ(eval::parse_tasks("all").size(), 3u);
+  EXPECT_EQ(eval::parse_tasks("all").size(), 3u);  // the prompt-regime tasks; walk is asked for by name
+  EXPECT_EQ(eval::parse_tasks("all,walk"), (std::vector<TaskKind>{TaskKind::Needle, TaskKind::VarTrack, TaskKind::Pointer, TaskKind::Walk}));
+  EXPECT_EQ(eval::parse_task("walk"), TaskKind::Walk);
+  EXPECT_STREQ(eval::task_name(TaskKind::Walk), "walk");
   EXPECT_EQ(eval::parse_tasks("pointer,needle"), (std::vector<TaskKind>{TaskKind::Pointer, TaskKind::Needle}));
   EXPECT_THROW(eval::parse_tasks("needle,bogus"), std::invalid_argument);
   for (TaskKind k : eval::all_tasks()) EXPECT_EQ(eval::parse_task(eval::task_name(k)), k);
@@ -297,6 +300,71 @@ TEST(EvalTasks, PointerPathFollowsTheLinks) {
     }
     EXPECT_EQ(path, t.answer);
     EXPECT_FALSE(next.count(node)) << "the path ends after 4 hops";
+  }
+}
+
+// walk: parsing the prompt back, the first walk (4 links from the start) ends where the answer's last words
+// say, that end is on no other link, and the long walk follows the cycle's links for the stated count.
+TEST(EvalTasks, WalkFollowsTheLinksAndEndsWithTheFirstWalksEnd) {
+  const kvpack::Tokenizer& tok = model().tokenizer();
+  const std::regex link_re("([A-Z]{4}) -> ([A-Z]{4})");
+  const std::regex question_re("Question: Start at ([A-Z]{4}) and follow 4 links\\. Then start at ([A-Z]{4}) and follow ([0-9]+) links\\. "
+                               "Then say where the first walk ended\\.");
+  for (const kvpack::Tokenizer* tk : {&tok, static_cast<const kvpack::Tokenizer*>(nullptr)}) {
+    for (uint64_t seed = 0; seed < 12; ++seed) {
+      const int32_t ctx = tk ? 1024 : 4096;
+      const eval::Task t = eval::make_task(TaskKind::Walk, ctx, seed, tk);
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      std::map<std::string, std::string> next;
+      std::smatch m;
+      std::string start, cycle_start;
+      int hops = 0;
+      for (const auto& l : lines_of(t.prompt)) {
+        if (std::regex_match(l, m, link_re)) {
+          EXPECT_TRUE(next.emplace(m[1], m[2]).second) << "source repeated: " << m[1];
+        } else if (std::regex_match(l, m, question_re)) {
+          start = m[1];
+          cycle_start = m[2];
+          hops = std::stoi(m[3]);
+        }
+      }
+      EXPECT_EQ(next.size(), 4u * 3 + eval::kWalkCycle);
+      EXPECT_EQ(hops, std::max(eval::kWalkHopsMin, ctx / 20));
+      ASSERT_FALSE(start.empty());
+      EXPECT_EQ(lines_of(t.prompt).back(), "Answer: " + start + " ->");
+      std::string node = start, expect;
+      for (int h = 0; h < 4; ++h) {
+        node = next.at(node);
+        expect += (h ? " -> " : " ") + node;
+      }
+      const std::string first_end = node;
+      EXPECT_FALSE(next.count(first_end)) << "the first walk ends after 4 hops";
+      expect += ". " + cycle_start;
+      node = cycle_start;
+      for (int h = 0; h < hops; ++h) {
+        node = next.at(node);
+        expect += " -> " + node;
+        if ((h + 1) % eval::kWalkCycle == 0) {
+          EXPECT_EQ(node, cycle_start) << "a cycle of " << eval::kWalkCycle << " links";
+        }
+      }
+      expect += ". The first walk ended at " + first_end;
+      EXPECT_EQ(t.answer, expect);
+      EXPECT_EQ(t.answer.find(first_end, 30), t.answer.size() - first_end.size()) << "named only at the end, after the first walk";
+      if (tk) {
+        EXPECT_GT(t.answer_tokens, ctx / 10) << "the answer is a large share of the context";
+      }
+    }
+  }
+  // An explicit walk length: in the question and in the answer (9 links after the cycle's start); out of range throws.
+  eval::TaskOptions o;
+  o.walk_hops = 9;
+  const eval::Task nine = eval::make_task(TaskKind::Walk, 1024, 3, &tok, o);
+  EXPECT_NE(nine.prompt.find("and follow 9 links."), std::string::npos);
+  EXPECT_EQ(count_of(nine.answer, " -> "), 3u + 9u);  // the first walk's first arrow ends the prompt
+  for (int32_t bad : {eval::kWalkHopsMin - 1, eval::kWalkHopsMax + 1}) {
+    o.walk_hops = bad;
+    EXPECT_THROW(eval::make_task(TaskKind::Walk, 1024, 3, &tok, o), std::invalid_argument) << bad;
   }
 }
 

@@ -133,7 +133,7 @@ void add_kld(CLI::App& eval) {
 }
 
 void add_tasks(CLI::App& eval) {
-  auto* cmd = eval.add_subcommand("tasks", "Long-dependency tasks (needle, vartrack, pointer) scored by exact match");
+  auto* cmd = eval.add_subcommand("tasks", "Long-dependency tasks (needle, vartrack, pointer; walk: the decode regime) scored by exact match");
   auto o = std::make_shared<ModelOptions>();
   auto kvo = std::make_shared<KvOptions>();
   auto ctx = std::make_shared<int32_t>(0);
@@ -146,8 +146,10 @@ void add_tasks(CLI::App& eval) {
   add_model_options(*cmd, *o);
   add_kv_options(*cmd, *kvo);
   cmd->add_option("--ctx", *ctx, "Context length of each task (prompt + answer; default: min(512, model context))")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--task", *task, "needle, vartrack, pointer, a comma-separated list, or all");
+  cmd->add_option("--task", *task, "needle, vartrack, pointer, walk (the decode regime), a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
+  auto walk_hops = std::make_shared<int32_t>(0);
+  cmd->add_option("--walk-hops", *walk_hops, "walk: links of the long walk (0: ctx / 20)")->check(CLI::Range(0, eval::kWalkHopsMax));
   cmd->add_option("--seed", *seed, "Generator seed");
   cmd->add_option("--filler", *filler, "Filler text file (sentences are used as haystack lines; default: built-in)")
       ->check(CLI::ExistingFile);
@@ -165,6 +167,7 @@ void add_tasks(CLI::App& eval) {
     eval::TaskOptions topt;
     topt.filler = filler_from(*filler);
     topt.answer_only = *answer_only;
+    topt.walk_hops = *walk_hops;
     nlohmann::json all = nlohmann::json::array();
     if (!*json) std::printf("tasks: %s, %s, ctx %d, seed %llu\n", model->config().name.c_str(), kv_line(kv).c_str(), c,
                             static_cast<unsigned long long>(*seed));
@@ -179,6 +182,7 @@ void add_tasks(CLI::App& eval) {
                              {"guard_escalations", s.recall.guard_escalations}, {"guard_fallbacks", s.recall.guard_fallbacks},
                              {"pages_recalled", s.recall.pages_recalled}, {"cold_pages_read", s.recall.pages_read},
                              {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written},
+                             {"evicted_cold_bytes", s.evicted.bytes_written}, {"digest_bytes", s.evicted.digest_bytes},
                              {"exact_checks", s.recall.exact_checks}, {"exact_skipped", s.recall.exact_skipped},
                              {"exact_flips", s.recall.exact_flips}, {"exact_tv_max", s.recall.exact_tv_max},
                              {"exact_tv_first", s.recall.exact_tv_first}});
@@ -232,8 +236,11 @@ void add_gen_tasks(CLI::App& eval) {
   auto needles = std::make_shared<int32_t>(4);
   auto chains = std::make_shared<int32_t>(2);
   add_model_options(*cmd, *o);
-  cmd->add_option("--task", *task, "needle, vartrack, pointer, a comma-separated list, or all");
+  cmd->add_option("--task", *task, "needle, vartrack, pointer, walk, a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
+  auto walk_hops = std::make_shared<int32_t>(0);
+  cmd->add_option("--walk-hops", *walk_hops, "walk: links of the long walk (0: ctx / 20)")
+      ->check(CLI::Range(0, eval::kWalkHopsMax));
   cmd->add_option("--ctx", *ctx, "Target length of prompt + answer + margin, in tokens of the model's tokenizer (bytes with --chars)")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -253,6 +260,7 @@ void add_gen_tasks(CLI::App& eval) {
     topt.filler = filler_from(*filler);
     topt.needles = *needles;
     topt.chains = *chains;
+    topt.walk_hops = *walk_hops;
     std::ofstream f(*out);
     if (!f) throw std::runtime_error("cannot write " + *out);
     int64_t lines = 0;

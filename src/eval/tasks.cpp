@@ -12,7 +12,7 @@
 namespace kvpack::eval {
 namespace {
 
-constexpr TaskKind kAll[] = {TaskKind::Needle, TaskKind::VarTrack, TaskKind::Pointer};
+constexpr TaskKind kAll[] = {TaskKind::Needle, TaskKind::VarTrack, TaskKind::Pointer};  // "all": walk is asked for by name
 
 uint64_t mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -93,7 +93,7 @@ struct Skeleton {
   size_t key_item = 0;      // the item whose depth is reported
 };
 
-Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
+Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t walk_hops) {
   Skeleton sk;
   switch (kind) {
     case TaskKind::Needle: {
@@ -195,6 +195,32 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt) {
       sk.answer = ans;
       break;
     }
+    case TaskKind::Walk: {
+      // The first walk (4 links), two distractor chains (4 links each) and a cycle of kWalkCycle links, each
+      // line at its own random depth; node names distinct. The first walk's end is not on the cycle, so
+      // the last word can only come from the first walk (the model's own output, or its links far back).
+      constexpr int kHops = 4, kDistractorChains = 2;
+      const int n_nodes = (kHops + 1) * (1 + kDistractorChains) + kWalkCycle;
+      const std::vector<std::string> nodes = upper_names(r, n_nodes, 4);
+      auto node = [&](int i) -> const std::string& { return nodes[static_cast<size_t>(i)]; };
+      sk.header = "Links in this text are written A -> B.";
+      for (int c = 0; c <= kDistractorChains; ++c)
+        for (int h = 0; h < kHops; ++h) sk.items.push_back({r.unit(), node(c * (kHops + 1) + h) + " -> " + node(c * (kHops + 1) + h + 1)});
+      const int cyc = (kHops + 1) * (1 + kDistractorChains);
+      for (int h = 0; h < kWalkCycle; ++h)
+        sk.items.push_back({r.unit(), node(cyc + h) + " -> " + node(cyc + (h + 1) % kWalkCycle)});
+      sk.key_item = 0;  // the first walk's first link
+      sk.question = "Question: Start at " + node(0) + " and follow " + std::to_string(kHops) + " links. Then start at " + node(cyc) +
+                    " and follow " + std::to_string(walk_hops) + " links. Then say where the first walk ended.\n"
+                    "Answer: " + node(0) + " ->";
+      std::string ans;
+      for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + node(h);
+      ans += ". " + node(cyc);
+      for (int h = 1; h <= walk_hops; ++h) ans += " -> " + node(cyc + h % kWalkCycle);
+      ans += ". The first walk ended at " + node(kHops);
+      sk.answer = ans;
+      break;
+    }
   }
   return sk;
 }
@@ -252,7 +278,8 @@ TaskKind parse_task(const std::string& name) {
   if (name == "needle") return TaskKind::Needle;
   if (name == "vartrack") return TaskKind::VarTrack;
   if (name == "pointer") return TaskKind::Pointer;
-  throw std::invalid_argument("unknown task '" + name + "' (valid: needle, vartrack, pointer, all)");
+  if (name == "walk") return TaskKind::Walk;
+  throw std::invalid_argument("unknown task '" + name + "' (valid: needle, vartrack, pointer, walk, all)");
 }
 
 const char* task_name(TaskKind k) {
@@ -260,6 +287,7 @@ const char* task_name(TaskKind k) {
     case TaskKind::Needle: return "needle";
     case TaskKind::VarTrack: return "vartrack";
     case TaskKind::Pointer: return "pointer";
+    case TaskKind::Walk: return "walk";
   }
   return "?";
 }
@@ -274,12 +302,13 @@ std::vector<TaskKind> parse_tasks(const std::string& list) {
     const size_t j = std::min(list.find(',', i), list.size());
     const std::string name = list.substr(i, j - i);
     if (!name.empty()) {
-      const TaskKind k = parse_task(name);
-      if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+      const std::vector<TaskKind> ks = name == "all" ? all_tasks() : std::vector<TaskKind>{parse_task(name)};
+      for (TaskKind k : ks)
+        if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
     }
     i = j + 1;
   }
-  if (out.empty()) throw std::invalid_argument("no task given (valid: needle, vartrack, pointer, all)");
+  if (out.empty()) throw std::invalid_argument("no task given (valid: needle, vartrack, pointer, walk, all)");
   return out;
 }
 
@@ -339,8 +368,12 @@ Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer
   if (opt.chains < kChainsMin || opt.chains > kChainsMax)
     throw std::invalid_argument("chains must be in [" + std::to_string(kChainsMin) + ", " + std::to_string(kChainsMax) +
                                 "], got " + std::to_string(opt.chains));
+  if (opt.walk_hops != 0 && (opt.walk_hops < kWalkHopsMin || opt.walk_hops > kWalkHopsMax))
+    throw std::invalid_argument("walk hops must be 0 (ctx / 20) or in [" + std::to_string(kWalkHopsMin) + ", " +
+                                std::to_string(kWalkHopsMax) + "], got " + std::to_string(opt.walk_hops));
+  const int32_t walk_hops = opt.walk_hops != 0 ? opt.walk_hops : std::clamp(ctx_tokens / 20, kWalkHopsMin, kWalkHopsMax);
   Rng r(mix(seed) ^ mix(kind_tag(kind)));
-  const Skeleton sk = make_skeleton(kind, r, opt);
+  const Skeleton sk = make_skeleton(kind, r, opt, walk_hops);
   // Filler: its own stream, independent of how many lines end up used.
   Rng fr(mix(seed ^ 0xF1ull) ^ mix(kind_tag(kind) + 7));
   const uint64_t fseed = fr.next();

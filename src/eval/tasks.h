@@ -15,6 +15,12 @@
 //             scattered in random order, the queried chain of 4 hops plus 12 distractor links in other
 //             chains; the answer is the whole path "EFGH -> IJKL -> MNOP -> QRST", so every generated
 //             step must look far back for the next link.
+//   walk      the decode regime (not in "all"): link lines as in pointer plus a cycle of 6 links; the answer
+//             first walks 4 links from a start node, then walks a long way around the cycle (ctx / 20 links,
+//             so the answer is a large share of the context), then names where the first walk ended:
+//             " B -> C -> D -> E. P -> Q -> ... -> R. The first walk ended at E". The last word depends on
+//             what the model itself generated hundreds of tokens earlier, so compression during decode (not
+//             only during prefill) decides it: the regime TriAttention was designed for (long generation).
 // The prompt ends right before the answer (no trailing space); the answer starts with a space.
 // Scoring: whitespace is removed from both strings and the generation must start with the answer.
 //
@@ -40,13 +46,15 @@ class Engine;
 
 namespace kvpack::eval {
 
-enum class TaskKind { Needle, VarTrack, Pointer };
+enum class TaskKind { Needle, VarTrack, Pointer, Walk };
 
-// "needle", "vartrack", "pointer"; throws std::invalid_argument listing the valid names.
+// "needle", "vartrack", "pointer", "walk"; throws std::invalid_argument listing the valid names.
 TaskKind parse_task(const std::string& name);
 const char* task_name(TaskKind k);
+// The prompt-regime tasks (needle, vartrack, pointer): what "all" means. walk is asked for by name: its
+// answers are hundreds of tokens (a run costs several times as much) and the testbed model was not trained on it.
 std::vector<TaskKind> all_tasks();
-// "all" -> every task, else a comma-separated list of names.
+// "all" -> all_tasks(), else a comma-separated list of names ("all" may be one of them: "all,walk").
 std::vector<TaskKind> parse_tasks(const std::string& list);
 
 // Deterministic 64-bit generator (splitmix64).
@@ -81,11 +89,14 @@ struct TaskOptions {
   // first); more (names and numbers distinct from all others, drawn after the first two so that 2 gives the
   // same prompts) are for training data: each extra chain's last variable is one more 4-hop question.
   int32_t chains = 2;
+  // walk: links of the long walk around the cycle; 0: max(kWalkHopsMin, ctx / 20).
+  int32_t walk_hops = 0;
   // Called after each sample of run_task with the samples done so far (progress; may be empty).
   std::function<void(int32_t)> on_sample;
 };
 constexpr int32_t kNeedlesMin = 4, kNeedlesMax = 32;
 constexpr int32_t kChainsMin = 2, kChainsMax = 8;
+constexpr int32_t kWalkHopsMin = 8, kWalkHopsMax = 4096, kWalkCycle = 6;
 
 struct Task {
   TaskKind kind = TaskKind::Needle;
