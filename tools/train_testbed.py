@@ -34,9 +34,10 @@ from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.cli import parse_stages  # noqa: E402
 from testbed.cli import parse_args as parse_cli  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
-from testbed.data import CHUNK, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
+from testbed.data import CHUNK, KNOWN_TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
-from testbed.model import Config, Model, digit_parts_for, is_number_token  # noqa: E402
+from testbed.gguf_reader import read_gguf  # noqa: E402
+from testbed.model import Config, Model, digit_parts_for, is_number_token, load_exported  # noqa: E402
 from testbed.runlog import (EVAL_COLS, TRAIN_COLS, Logger, StopOnSignal, csv_append, csv_truncate,  # noqa: E402
                             fresh_acc, plot_training)
 
@@ -56,7 +57,14 @@ class Run:
         if not os.path.exists(self.kvpack):
             raise SystemExit(f"kvpack binary not found: {self.kvpack} (build it, or pass --kvpack)")
         self.stages = parse_stages(a.stages, a.ctx)
+        # Checkpoints of runs before --tasks have no 'tasks': the three prompt-regime formats.
+        self.task_list = tuple(getattr(a, "tasks", "needle,vartrack,pointer").split(","))
+        unknown = [t for t in self.task_list if t not in KNOWN_TASKS]
+        if unknown or len(set(self.task_list)) != len(self.task_list):
+            raise SystemExit(f"--tasks: {','.join(self.task_list)} (known: {','.join(KNOWN_TASKS)}, each once)")
         self.task_w = np.array([float(x) for x in a.task_weights.split(",")])
+        if len(self.task_w) != len(self.task_list):
+            raise SystemExit(f"--task-weights has {len(self.task_w)} entries for {len(self.task_list)} tasks ({a.tasks})")
         self.task_w /= self.task_w.sum()
         with open(a.corpus, encoding="utf-8", errors="replace") as f:
             self.text = f.read()
@@ -167,7 +175,7 @@ class Run:
                               train_chains=getattr(a, "train_chains", 2))
         self.eval_sets = {}
         for c in sorted({c for c, _ in self.stages} | {a.ctx}):
-            for t in TASKS:
+            for t in self.task_list:
                 self.eval_sets[(t, c)] = self.tasks.heldout(t, c, a.eval_n, a.eval_seed)
 
     def autocast(self):
@@ -184,6 +192,17 @@ class Run:
                     "elapsed": self.elapsed, "tokens": self.tokens, "cursors": self.cursors, "args": vars(self.a),
                     "config": self.cfg.to_dict()}, tmp)
         os.replace(tmp, self.ckpt_path())
+
+    def init_from_gguf(self, path):
+        """Weights from an exported GGUF (the optimizer starts fresh). Its tokenizer must be this run's."""
+        meta, tensors = read_gguf(path)
+        if meta.get("tokenizer.ggml.tokens") != list(self.bpe.tokens):
+            raise SystemExit(f"{path}: its tokenizer differs from this run's (use the tokenizer flags it was trained with)")
+        try:
+            load_exported(self.model, tensors)
+        except ValueError as e:
+            raise SystemExit(f"{path}: {e}")
+        self.log(f"init: weights from {path} ({meta.get('general.name', '?')})")
 
     def load(self):
         ck = torch.load(self.ckpt_path(), map_location=self.dev)
@@ -230,7 +249,7 @@ class Run:
                 kinds.append("copy")
                 spans.append(None)
             elif rng.random() < a.task_frac:
-                task = TASKS[rng.choice(len(TASKS), p=self.task_w)]
+                task = self.task_list[rng.choice(len(self.task_list), p=self.task_w)]
                 filler = rng.random() < a.austen_filler_frac
                 s = self.tasks.next_sample(self.cursors, task, C, filler)
                 n = min(len(s.ids), C + 1)
@@ -301,12 +320,11 @@ class Run:
             t0 = time.time()
             row = {"step": self.step, "elapsed_s": round(self.elapsed, 1), "tokens": self.tokens, "ctx": c,
                    "n": self.a.eval_n, "val_text_loss": round(self.val_loss(c), 4)}
-            for t in TASKS:
+            for t in self.task_list:
                 row[t] = round(self.tf_exact(self.eval_sets[(t, c)], c), 4)
             csv_append(os.path.join(self.a.out, "eval_log.csv"), EVAL_COLS, row)
-            self.log(f"eval step {self.step} ctx {c}: val loss {row['val_text_loss']:.3f}, exact needle "
-                     f"{row['needle']:.2f} vartrack {row['vartrack']:.2f} pointer {row['pointer']:.2f} "
-                     f"({time.time() - t0:.0f} s)")
+            self.log(f"eval step {self.step} ctx {c}: val loss {row['val_text_loss']:.3f}, exact "
+                     + " ".join(f"{t} {row[t]:.2f}" for t in self.task_list) + f" ({time.time() - t0:.0f} s)")
 
     def _log_row(self, p, C, lr, acc, tf, batch):
         """One row of train_log.csv: means over the steps since the previous row."""
@@ -318,12 +336,12 @@ class Run:
                "answer_loss": round(acc["ans"][0] / acc["ans"][1], 4) if acc["ans"][1] else "",
                "copy_loss": round(acc["copy"][0] / acc["copy"][1], 4) if acc["copy"][1] else "",
                "tok_per_s": round(acc["tok"] / acc["time"]), "data_s": round(acc["data"], 1)}
-        for t in TASKS:
+        for t in self.task_list:
             row["tf_" + t] = round(tf[t][0] / tf[t][1], 3) if tf[t][1] else ""
         csv_append(os.path.join(a.out, "train_log.csv"), TRAIN_COLS, row)
         self.log(f"step {self.step} ({p * 100:.1f}%) ctx {C} lr {lr:.2e} loss {row['loss']} text "
-                 f"{row['text_loss']} answer {row['answer_loss']} copy {row['copy_loss']} exact(train) n/v/p {row['tf_needle']}/"
-                 f"{row['tf_vartrack']}/{row['tf_pointer']} {row['tok_per_s']} tok/s (data {row['data_s']} s)")
+                 f"{row['text_loss']} answer {row['answer_loss']} copy {row['copy_loss']} exact(train) "
+                 + "/".join(str(row["tf_" + t]) for t in self.task_list) + f" {row['tok_per_s']} tok/s (data {row['data_s']} s)")
 
     # ---- training ------------------------------------------------------------------------------------------
     def train(self):
@@ -334,7 +352,7 @@ class Run:
         t_last = time.time()
         last_eval = last_ckpt = last_log = self.elapsed
         acc = fresh_acc()
-        tf = {t: [0, 0] for t in TASKS}
+        tf = {t: [0, 0] for t in self.task_list}
         cur_stage = None
         with StopOnSignal() as stop:  # SIGTERM / SIGINT: checkpoint at the end of the step, then stop
             while True:
@@ -398,7 +416,7 @@ class Run:
                 if self.elapsed - last_log >= a.log_every or self.step == 1:
                     self._log_row(p, C, lr, acc, tf, len(kinds))
                     acc = fresh_acc()
-                    tf = {t: [0, 0] for t in TASKS}
+                    tf = {t: [0, 0] for t in self.task_list}
                     last_log = self.elapsed
                 if self.elapsed - last_eval >= a.eval_every * 60:
                     self.evaluate(C, final_ctx=False)  # its time is counted in the next step's elapsed time: part of the budget
@@ -427,8 +445,9 @@ class Run:
 
     def check(self, gguf):
         prompts = []
-        for t in TASKS:
-            js = run_gen_tasks(self.kvpack, gguf, t, 1, 256, 4242, os.path.join(self.a.out, "check_task.jsonl"))
+        for t in self.task_list:  # walk needs more room than the others' 256 tokens
+            js = run_gen_tasks(self.kvpack, gguf, t, 1, 512 if t == "walk" else 256, 4242,
+                               os.path.join(self.a.out, "check_task.jsonl"))
             prompts.append(js[0]["prompt"])
         text = self.bpe.decode(self.val_ids[:60000].tolist())
         return check_gguf(self.kvpack, gguf, self.model, self.bpe, self.a.wtype, text, prompts,
@@ -436,7 +455,7 @@ class Run:
 
     def final_eval(self, gguf):
         a = self.a
-        cmd = [self.kvpack, "eval", "tasks", "-m", gguf, "--ctx", str(a.ctx), "--task", "all", "--n",
+        cmd = [self.kvpack, "eval", "tasks", "-m", gguf, "--ctx", str(a.ctx), "--task", ",".join(self.task_list), "--n",
                str(a.final_eval_n), "--seed", str(a.eval_seed), "-t", str(a.threads), "--json", "-q"]
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -452,7 +471,7 @@ class Run:
             ", ".join(f"{k} {v[2] * 100:.1f}% ({v[0]}/{v[1]})" for k, v in res.items())))
         return {"command": " ".join(cmd), "seconds": round(time.time() - t0, 1), "tasks": res}
     def plot(self):
-        plot_training(self.a.out, TASKS, f"testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd}: "
+        plot_training(self.a.out, self.task_list, f"testbed {self.cfg.arch} {self.cfg.n_layer}L d{self.cfg.n_embd}: "
                       f"{self.step} steps, {self.elapsed / 60:.0f} min", self.log)
 
     def summary(self, gguf, size, check, final):
@@ -485,6 +504,8 @@ def main(argv=None):
             f"({run.model.n_params() * (2 if a.wtype != 'f32' else 4) / 2 ** 20:.2f} MiB as {a.wtype})")
     if a.resume or a.check_gguf or a.export_only:
         run.load()
+    elif getattr(a, "init_gguf", ""):
+        run.init_from_gguf(a.init_gguf)
     run.setup_data()
     run.log(f"setup: {time.time() - t_start:.1f} s; stages {run.stages}")
     if not (a.check_gguf or a.export_only):

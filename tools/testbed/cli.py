@@ -37,6 +37,9 @@ def parse_args(argv=None, description=None):
                     help="number tokens' embeddings = a free row + shared per-(length, position, digit) vectors "
                          "(training only: the GGUF holds the folded table)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--init-gguf", default="",
+                    help="start from this exported testbed GGUF (fine-tuning; same tokenizer flags and shape, no "
+                         "--digit-embd: the file holds the folded table)")
     ap.add_argument("--wtype", default="f16", choices=["f16", "bf16", "f32"], help="GGUF weight type")
     # optimisation
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -49,7 +52,10 @@ def parse_args(argv=None, description=None):
     ap.add_argument("--stages", default="",
                     help="curriculum 'ctx:fraction,...' (default: 384:.3,768:.25,1280:.2,CTX:.25 for CTX=2048)")
     ap.add_argument("--task-frac", type=float, default=0.6, help="share of sequences that are task samples")
-    ap.add_argument("--task-weights", default="1,2,1", help="relative frequency of needle,vartrack,pointer")
+    ap.add_argument("--tasks", default="needle,vartrack,pointer",
+                    help="task formats trained and evaluated (kvpack eval tasks names; walk: the decode regime, "
+                         "docs/quality.md §2)")
+    ap.add_argument("--task-weights", default="1,2,1", help="relative frequency of each of --tasks, in that order")
     ap.add_argument("--austen-filler-frac", type=float, default=0.3,
                     help="share of task samples whose filler is corpus sentences (the rest: built-in filler)")
     ap.add_argument("--answer-weight", type=float, default=5.0, help="loss weight of answer tokens")

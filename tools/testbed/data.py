@@ -15,7 +15,8 @@ import subprocess
 
 import numpy as np
 
-TASKS = ("needle", "vartrack", "pointer")
+TASKS = ("needle", "vartrack", "pointer")  # the default --tasks (kvpack eval tasks' "all")
+KNOWN_TASKS = TASKS + ("walk",)  # walk: the decode regime (a long answer; no extra questions)
 HARNESS_NEEDLES = 4  # needles per needle prompt in `kvpack eval tasks` (gen-tasks --needles default)
 HARNESS_CHAINS = 2  # variable chains per vartrack prompt in `kvpack eval tasks` (gen-tasks --chains default)
 CHUNK = 128
@@ -46,7 +47,7 @@ def extra_questions(task, prompt, seed, k):
     other start nodes (the distractor chains' roots, or inner nodes with fewer links). Filler lines can never
     match the patterns (no digits, no '->', no two capitals in a row). Returns [(question, answer)], each
     question starting with a newline."""
-    if k <= 0:
+    if k <= 0 or task == "walk":  # walk's answer is already a long generation
         return []
     rng = np.random.default_rng([seed % (1 << 63), 17])
     out = []
@@ -202,7 +203,7 @@ class TaskData:
 
 
 # Contexts gen-tasks accepts with the 4096-token BPE (measured: needle 138, vartrack 203, pointer 193) + margin.
-MIN_GEN_CTX = {"needle": 176, "vartrack": 240, "pointer": 232}
+MIN_GEN_CTX = {"needle": 176, "vartrack": 240, "pointer": 232, "walk": 320}
 EXTRA_TOKENS = 36  # room per extra question and answer
 NEEDLE_LINE_TOKENS = 20  # room per needle beyond the harness's 4 (a line is 13-16 tokens with the 4096 BPE)
 CHAIN_TOKENS = 60  # room per vartrack chain beyond the harness's 2 (5 lines of 8-11 tokens)

@@ -222,3 +222,33 @@ def state_for_export(model):
                 out[f"blk.{l}.{theirs}"] = sd[k]
     out["output_norm.weight"] = sd["out_norm.weight"]
     return out
+
+
+def load_exported(model, tensors):
+    """The inverse of state_for_export: a model without digit factors takes an exported GGUF's tensors
+    (gguf_reader.read_gguf) as its weights. Raises ValueError naming a missing, extra or mis-shaped tensor."""
+    if model.digit_embd is not None:
+        raise ValueError("a GGUF holds the folded embedding table: start without --digit-embd")
+    with torch.no_grad():
+        mine = {k: v for k, v in model.state_dict().items()}
+        theirs = dict(tensors)
+        def put(ours, name):
+            if name not in theirs:
+                raise ValueError(f"tensor {name} missing from the GGUF")
+            src = torch.from_numpy(theirs.pop(name))
+            if tuple(src.shape) != tuple(mine[ours].shape):
+                raise ValueError(f"tensor {name}: shape {tuple(src.shape)}, the model has {tuple(mine[ours].shape)}")
+            mine[ours].copy_(src)
+        put("tok_embd.weight", "token_embd.weight")
+        put("out_norm.weight", "output_norm.weight")
+        for k in list(mine):
+            if k.startswith("layers."):
+                _, l, ours = k.split(".", 2)
+                names = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight",
+                         "wk.weight": "attn_k.weight", "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight",
+                         "q_norm.weight": "attn_q_norm.weight", "k_norm.weight": "attn_k_norm.weight",
+                         "ffn_norm.weight": "ffn_norm.weight", "w_gate.weight": "ffn_gate.weight",
+                         "w_up.weight": "ffn_up.weight", "w_down.weight": "ffn_down.weight"}
+                put(k, f"blk.{l}.{names[ours]}")
+        if theirs:
+            raise ValueError(f"GGUF tensors the model has no place for: {sorted(theirs)[:5]}")

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_testbed as tt  # noqa: E402
-from testbed.data import CHUNK, TASKS, gen_ctx, stable_seed  # noqa: E402
+from testbed.data import CHUNK, gen_ctx, stable_seed  # noqa: E402
 
 
 def main():
@@ -41,7 +41,7 @@ def main():
         rng = np.random.default_rng([a.seed, step])
         for _ in range(B):  # the same draws as Run.batch
             if rng.random() < a.task_frac:
-                task = TASKS[rng.choice(len(TASKS), p=run.task_w)]
+                task = run.task_list[rng.choice(len(run.task_list), p=run.task_w)]
                 filler = rng.random() < a.austen_filler_frac
                 counts[(task, C, filler)] = counts.get((task, C, filler), 0) + 1
             else:

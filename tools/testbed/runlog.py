@@ -6,8 +6,8 @@ import signal
 import time
 
 TRAIN_COLS = ["step", "elapsed_s", "progress", "ctx", "batch", "lr", "tokens", "loss", "text_loss", "answer_loss", "copy_loss",
-              "tf_needle", "tf_vartrack", "tf_pointer", "tok_per_s", "data_s"]
-EVAL_COLS = ["step", "elapsed_s", "tokens", "ctx", "val_text_loss", "needle", "vartrack", "pointer", "n"]
+              "tf_needle", "tf_vartrack", "tf_pointer", "tf_walk", "tok_per_s", "data_s"]
+EVAL_COLS = ["step", "elapsed_s", "tokens", "ctx", "val_text_loss", "needle", "vartrack", "pointer", "walk", "n"]
 
 
 class StopOnSignal:
@@ -97,7 +97,7 @@ def plot_training(out, tasks, title, log):
     styles = ["-", "--", "-.", ":", (0, (1, 3)), (0, (5, 5))]
     for i, row_ctx in enumerate(sorted({int(x["ctx"]) for x in ev})):
         rows = [x for x in ev if int(x["ctx"]) == row_ctx]
-        for t, col in zip(tasks, ("tab:blue", "tab:orange", "tab:green")):
+        for t, col in zip(tasks, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
             ax[1].plot([float(x["tokens"]) / 1e6 for x in rows], [float(x[t]) * 100 for x in rows],
                        linestyle=styles[i % len(styles)], color=col, marker="o", ms=3, label=f"{t} @ {row_ctx}")
     ax[1].set_xlabel("training tokens (M)")
