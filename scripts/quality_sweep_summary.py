@@ -33,11 +33,18 @@ def label(cell):
     return conf, sched, f"{budget} ({100 * budget / 2048:.0f} %)"
 
 
+POLICIES = ["streaming", "knorm", "triattention", "snapkv", "rkv", "tova", "h2o", "trispan"]
+
+
 def order(cell):
+    """full KV; every policy by budget (recall off, query-agnostic); then the default's variants and contrasts."""
     if cell == "full":
-        return (0, 0, "")
+        return (0, 0, 0, "")
     conf, sched, budget = label(cell)
-    return (1 if "+" not in conf and sched == "query-agnostic" else 2, int(budget.split()[0]), cell)
+    policy = cell.split("_")[0]
+    plain = "+" not in conf and sched == "query-agnostic"
+    return (1 if plain else 2, POLICIES.index(policy) if plain and policy in POLICIES else 0,
+            int(budget.split()[0]), (sched, cell))
 
 
 for filler in sorted(cells):
