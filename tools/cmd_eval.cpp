@@ -148,8 +148,8 @@ void add_tasks(CLI::App& eval) {
   cmd->add_option("--ctx", *ctx, "Context length of each task (prompt + answer; default: min(512, model context))")->check(CLI::NonNegativeNumber);
   cmd->add_option("--task", *task, "needle, vartrack, pointer, walk (the decode regime), a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
-  auto walk_hops = std::make_shared<int32_t>(0);
-  cmd->add_option("--walk-hops", *walk_hops, "walk: links of the long walk (0: ctx / 20)")->check(CLI::Range(0, eval::kWalkHopsMax));
+  auto walk_count = std::make_shared<int32_t>(0);
+  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: ctx / 16)")->check(CLI::Range(0, eval::kWalkCountMax));
   cmd->add_option("--seed", *seed, "Generator seed");
   cmd->add_option("--filler", *filler, "Filler text file (sentences are used as haystack lines; default: built-in)")
       ->check(CLI::ExistingFile);
@@ -167,7 +167,7 @@ void add_tasks(CLI::App& eval) {
     eval::TaskOptions topt;
     topt.filler = filler_from(*filler);
     topt.answer_only = *answer_only;
-    topt.walk_hops = *walk_hops;
+    topt.walk_count = *walk_count;
     nlohmann::json all = nlohmann::json::array();
     if (!*json) std::printf("tasks: %s, %s, ctx %d, seed %llu\n", model->config().name.c_str(), kv_line(kv).c_str(), c,
                             static_cast<unsigned long long>(*seed));
@@ -238,9 +238,9 @@ void add_gen_tasks(CLI::App& eval) {
   add_model_options(*cmd, *o);
   cmd->add_option("--task", *task, "needle, vartrack, pointer, walk, a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
-  auto walk_hops = std::make_shared<int32_t>(0);
-  cmd->add_option("--walk-hops", *walk_hops, "walk: links of the long walk (0: ctx / 20)")
-      ->check(CLI::Range(0, eval::kWalkHopsMax));
+  auto walk_count = std::make_shared<int32_t>(0);
+  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: ctx / 16)")
+      ->check(CLI::Range(0, eval::kWalkCountMax));
   cmd->add_option("--ctx", *ctx, "Target length of prompt + answer + margin, in tokens of the model's tokenizer (bytes with --chars)")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -260,7 +260,7 @@ void add_gen_tasks(CLI::App& eval) {
     topt.filler = filler_from(*filler);
     topt.needles = *needles;
     topt.chains = *chains;
-    topt.walk_hops = *walk_hops;
+    topt.walk_count = *walk_count;
     std::ofstream f(*out);
     if (!f) throw std::runtime_error("cannot write " + *out);
     int64_t lines = 0;

@@ -93,7 +93,7 @@ struct Skeleton {
   size_t key_item = 0;      // the item whose depth is reported
 };
 
-Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t walk_hops) {
+Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t walk_count) {
   Skeleton sk;
   switch (kind) {
     case TaskKind::Needle: {
@@ -196,29 +196,24 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t wa
       break;
     }
     case TaskKind::Walk: {
-      // The first walk (4 links), two distractor chains (4 links each) and a cycle of kWalkCycle links, each
-      // line at its own random depth; node names distinct. The first walk's end is not on the cycle, so
-      // the last word can only come from the first walk (the model's own output, or its links far back).
-      constexpr int kHops = 4, kDistractorChains = 2;
-      const int n_nodes = (kHops + 1) * (1 + kDistractorChains) + kWalkCycle;
-      const std::vector<std::string> nodes = upper_names(r, n_nodes, 4);
+      // Pointer's links (the walk's 4 plus three distractor chains of 4, random depths, distinct names). The
+      // answer states the walk's end right after the walk, counts down, and states it again: the second
+      // statement is a copy of the model's own first one, written ~3 tokens per count earlier.
+      constexpr int kHops = 4, kDistractorChains = 3;
+      const std::vector<std::string> nodes = upper_names(r, (kHops + 1) * (1 + kDistractorChains), 4);
       auto node = [&](int i) -> const std::string& { return nodes[static_cast<size_t>(i)]; };
       sk.header = "Links in this text are written A -> B.";
       for (int c = 0; c <= kDistractorChains; ++c)
         for (int h = 0; h < kHops; ++h) sk.items.push_back({r.unit(), node(c * (kHops + 1) + h) + " -> " + node(c * (kHops + 1) + h + 1)});
-      const int cyc = (kHops + 1) * (1 + kDistractorChains);
-      for (int h = 0; h < kWalkCycle; ++h)
-        sk.items.push_back({r.unit(), node(cyc + h) + " -> " + node(cyc + (h + 1) % kWalkCycle)});
-      sk.key_item = 0;  // the first walk's first link
-      sk.question = "Question: Start at " + node(0) + " and follow " + std::to_string(kHops) + " links. Then start at " + node(cyc) +
-                    " and follow " + std::to_string(walk_hops) + " links. Then say where the first walk ended.\n"
-                    "Answer: " + node(0) + " ->";
+      sk.key_item = 0;  // the walk's first link
+      sk.question = "Question: Start at " + node(0) + " and follow " + std::to_string(kHops) + " links. Then count down from " +
+                    std::to_string(walk_count) + ". Then say where the walk ended.\nAnswer: " + node(0) + " ->";
       std::string ans;
       for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + node(h);
-      ans += ". " + node(cyc);
-      for (int h = 1; h <= walk_hops; ++h) ans += " -> " + node(cyc + h % kWalkCycle);
-      ans += ". The first walk ended at " + node(kHops);
-      sk.answer = ans;
+      const std::string ended = "The walk ended at " + node(kHops);
+      ans += ". " + ended + ".";
+      for (int k = walk_count; k >= 0; --k) ans += " " + std::to_string(k) + (k > 0 ? "," : ".");
+      sk.answer = ans + " " + ended;
       break;
     }
   }
@@ -368,12 +363,12 @@ Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer
   if (opt.chains < kChainsMin || opt.chains > kChainsMax)
     throw std::invalid_argument("chains must be in [" + std::to_string(kChainsMin) + ", " + std::to_string(kChainsMax) +
                                 "], got " + std::to_string(opt.chains));
-  if (opt.walk_hops != 0 && (opt.walk_hops < kWalkHopsMin || opt.walk_hops > kWalkHopsMax))
-    throw std::invalid_argument("walk hops must be 0 (ctx / 20) or in [" + std::to_string(kWalkHopsMin) + ", " +
-                                std::to_string(kWalkHopsMax) + "], got " + std::to_string(opt.walk_hops));
-  const int32_t walk_hops = opt.walk_hops != 0 ? opt.walk_hops : std::clamp(ctx_tokens / 20, kWalkHopsMin, kWalkHopsMax);
+  if (opt.walk_count != 0 && (opt.walk_count < kWalkCountMin || opt.walk_count > kWalkCountMax))
+    throw std::invalid_argument("walk count must be 0 (ctx / 16) or in [" + std::to_string(kWalkCountMin) + ", " +
+                                std::to_string(kWalkCountMax) + "], got " + std::to_string(opt.walk_count));
+  const int32_t walk_count = opt.walk_count != 0 ? opt.walk_count : std::clamp(ctx_tokens / 16, kWalkCountMin, kWalkCountMax);
   Rng r(mix(seed) ^ mix(kind_tag(kind)));
-  const Skeleton sk = make_skeleton(kind, r, opt, walk_hops);
+  const Skeleton sk = make_skeleton(kind, r, opt, walk_count);
   // Filler: its own stream, independent of how many lines end up used.
   Rng fr(mix(seed ^ 0xF1ull) ^ mix(kind_tag(kind) + 7));
   const uint64_t fseed = fr.next();

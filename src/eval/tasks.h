@@ -15,12 +15,13 @@
 //             scattered in random order, the queried chain of 4 hops plus 12 distractor links in other
 //             chains; the answer is the whole path "EFGH -> IJKL -> MNOP -> QRST", so every generated
 //             step must look far back for the next link.
-//   walk      the decode regime (not in "all"): link lines as in pointer plus a cycle of 6 links; the answer
-//             first walks 4 links from a start node, then walks a long way around the cycle (ctx / 20 links,
-//             so the answer is a large share of the context), then names where the first walk ended:
-//             " B -> C -> D -> E. P -> Q -> ... -> R. The first walk ended at E". The last word depends on
-//             what the model itself generated hundreds of tokens earlier, so compression during decode (not
-//             only during prefill) decides it: the regime TriAttention was designed for (long generation).
+//   walk      the decode regime (not in "all"): link lines as in pointer; the answer walks 4 links from the
+//             start node and says where it ended, counts down from K to 0 (K = ctx / 16, so the answer is a
+//             large share of the context), and says again where the walk ended:
+//             " B -> C -> D -> E. The walk ended at E. 128, 127, ..., 1, 0. The walk ended at E". The last word
+//             repeats what the model itself wrote hundreds of tokens earlier (each count depends only on the one
+//             before it), so compression during decode decides it: the regime TriAttention was designed for
+//             (long generation whose early tokens matter again later).
 // The prompt ends right before the answer (no trailing space); the answer starts with a space.
 // Scoring: whitespace is removed from both strings and the generation must start with the answer.
 //
@@ -89,14 +90,14 @@ struct TaskOptions {
   // first); more (names and numbers distinct from all others, drawn after the first two so that 2 gives the
   // same prompts) are for training data: each extra chain's last variable is one more 4-hop question.
   int32_t chains = 2;
-  // walk: links of the long walk around the cycle; 0: max(kWalkHopsMin, ctx / 20).
-  int32_t walk_hops = 0;
+  // walk: where the count down starts; 0: ctx / 16 clamped to [kWalkCountMin, kWalkCountMax].
+  int32_t walk_count = 0;
   // Called after each sample of run_task with the samples done so far (progress; may be empty).
   std::function<void(int32_t)> on_sample;
 };
 constexpr int32_t kNeedlesMin = 4, kNeedlesMax = 32;
 constexpr int32_t kChainsMin = 2, kChainsMax = 8;
-constexpr int32_t kWalkHopsMin = 8, kWalkHopsMax = 4096, kWalkCycle = 6;
+constexpr int32_t kWalkCountMin = 8, kWalkCountMax = 999;  // 999: numbers stay one token with 3-digit tokenizers
 
 struct Task {
   TaskKind kind = TaskKind::Needle;
