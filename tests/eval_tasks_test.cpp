@@ -337,7 +337,7 @@ TEST(EvalTasks, WalkCountsDownAndSaysWhereTheWalkEndedTwice) {
         expect += (h ? " -> " : " ") + node;
       }
       EXPECT_FALSE(next.count(node)) << "the walk ends after 4 hops";
-      expect += ". The walk ended at " + node + ".";
+      expect += ". The walk ended at " + node + ". Then count down from " + std::to_string(count) + ":";
       for (int k = count; k >= 0; --k) {  // appended piece by piece: GCC 12 warns (-Wrestrict) on " " + to_string
         expect += ' ';
         expect += std::to_string(k);
@@ -356,7 +356,7 @@ TEST(EvalTasks, WalkCountsDownAndSaysWhereTheWalkEndedTwice) {
   o.walk_count = 9;
   const eval::Task nine = eval::make_task(TaskKind::Walk, 1024, 3, &tok, o);
   EXPECT_NE(nine.prompt.find("Then count down from 9."), std::string::npos);
-  EXPECT_NE(nine.answer.find(" 9, 8, 7, 6, 5, 4, 3, 2, 1, 0. The walk ended at "), std::string::npos);
+  EXPECT_NE(nine.answer.find(". Then count down from 9: 9, 8, 7, 6, 5, 4, 3, 2, 1, 0. The walk ended at "), std::string::npos);
   for (int32_t bad : {eval::kWalkCountMin - 1, eval::kWalkCountMax + 1}) {
     o.walk_count = bad;
     EXPECT_THROW(eval::make_task(TaskKind::Walk, 1024, 3, &tok, o), std::invalid_argument) << bad;

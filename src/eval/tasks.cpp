@@ -211,7 +211,9 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t wa
       std::string ans;
       for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + node(h);
       const std::string ended = "The walk ended at " + node(kHops);
-      ans += ". " + ended + ".";
+      // The count restates the question's words, so its first number is a copy of the question's (a model
+      // trained without the cue wrote a default number there instead).
+      ans += ". " + ended + ". Then count down from " + std::to_string(walk_count) + ":";
       for (int k = walk_count; k >= 0; --k) ans += " " + std::to_string(k) + (k > 0 ? "," : ".");
       sk.answer = ans + " " + ended;
       break;

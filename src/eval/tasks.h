@@ -18,7 +18,8 @@
 //   walk      the decode regime (not in "all"): link lines as in pointer; the answer walks 4 links from the
 //             start node and says where it ended, counts down from K to 0 (K = ctx / 16, so the answer is a
 //             large share of the context), and says again where the walk ended:
-//             " B -> C -> D -> E. The walk ended at E. 128, 127, ..., 1, 0. The walk ended at E". The last word
+//             " B -> C -> D -> E. The walk ended at E. Then count down from 128: 128, ..., 1, 0. The walk ended
+//             at E". The last word
 //             repeats what the model itself wrote hundreds of tokens earlier (each count depends only on the one
 //             before it), so compression during decode decides it: the regime TriAttention was designed for
 //             (long generation whose early tokens matter again later).
