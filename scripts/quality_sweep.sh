@@ -46,9 +46,11 @@ run_one() {  # filler|name|flags
   [[ -s "$file.json" ]] && return 0  # resumable: a finished cell is kept
   local t0=$SECONDS
   # shellcheck disable=SC2086
-  "$kvpack" eval tasks -m models/testbed.gguf --ctx 2048 --task all --n "$n" --seed "$seed" -t 1 --json -q --answer-only \
-    "${fl[@]}" $flags > "$file.tmp" && mv "$file.tmp" "$file.json"
-  echo $((SECONDS - t0)) > "$file.seconds"
+  if "$kvpack" eval tasks -m models/testbed.gguf --ctx 2048 --task all --n "$n" --seed "$seed" -t 1 --json -q --answer-only \
+       "${fl[@]}" $flags > "$file.tmp"; then
+    mv "$file.tmp" "$file.json"
+    echo $((SECONDS - t0)) > "$file.seconds"
+  fi
   echo "$f $name: $((SECONDS - t0)) s" >&2
 }
 export -f run_one
