@@ -16,7 +16,6 @@
 # scripts/quality_sweep_summary.py OUT_DIR prints the tables.
 set -euo pipefail
 kvpack=$1 out=$2 n=${3:-50} seed=${4:-1000} filler=${5:-../shared/corpora/austen.txt}
-mkdir -p "$out"
 cold=(--kv-cold host:512M)
 recall=(--kv-recall --kv-recall-every 1)
 guard=(--kv-guard-exact --kv-recall-every 1)
@@ -35,26 +34,7 @@ for sched in agnostic aware; do
 done
 add snapkv_b205_aware "--kv-interval 4096 --kv-policy snapkv --kv-budget 205"
 
-jobs=()
-for f in builtin austen; do
-  for c in "${cells[@]}"; do jobs+=("$f|$c"); done
-done
-run_one() {  # filler|name|flags
-  IFS='|' read -r f name flags <<<"$1"
-  local fl=() file="$out/${f}__${name}"
-  [[ $f == austen ]] && fl=(--filler "$filler")
-  [[ -s "$file.json" ]] && return 0  # resumable: a finished cell is kept
-  local t0=$SECONDS
-  # shellcheck disable=SC2086
-  if "$kvpack" eval tasks -m models/testbed.gguf --ctx 2048 --task all --n "$n" --seed "$seed" -t 1 --json -q --answer-only \
-       "${fl[@]}" $flags > "$file.tmp"; then
-    mv "$file.tmp" "$file.json"
-    echo $((SECONDS - t0)) > "$file.seconds"
-  fi
-  echo "$f $name: $((SECONDS - t0)) s" >&2
-}
-export -f run_one
-export kvpack out n seed filler
-t0=$SECONDS
-printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} bash -c 'run_one "$@"' _ {}
-echo "sweep: ${#jobs[@]} cells in $((SECONDS - t0)) s" | tee "$out/sweep.seconds" >&2
+model=models/testbed.gguf task=all
+# shellcheck source=scripts/eval_cells.sh
+source "$(dirname "$0")/eval_cells.sh"
+run_cells sweep

@@ -6,7 +6,6 @@
 # Summary: scripts/quality_sweep_summary.py OUT_DIR
 set -euo pipefail
 kvpack=$1 model=$2 out=$3 n=${4:-50} seed=${5:-1000} filler=${6:-../shared/corpora/austen.txt}
-mkdir -p "$out"
 cold="--kv-cold host:512M --kv-recall-every 1"
 cells=("full|--kv-policy full")
 for p in streaming triattention snapkv h2o trispan; do
@@ -14,26 +13,7 @@ for p in streaming triattention snapkv h2o trispan; do
 done
 cells+=("trispan_b205_agnostic_recall|--kv-policy trispan --kv-budget 205 $cold --kv-recall")
 cells+=("trispan_b205_agnostic_guard|--kv-policy trispan --kv-budget 205 $cold --kv-guard-exact")
-jobs=()
-for f in builtin austen; do
-  for c in "${cells[@]}"; do jobs+=("$f|$c"); done
-done
-run_one() {  # filler|name|flags
-  IFS='|' read -r f name flags <<<"$1"
-  local fl=() file="$out/${f}__${name}"
-  [[ $f == austen ]] && fl=(--filler "$filler")
-  [[ -s "$file.json" ]] && return 0
-  local t0=$SECONDS
-  # shellcheck disable=SC2086
-  if "$kvpack" eval tasks -m "$model" --ctx 2048 --task walk --n "$n" --seed "$seed" -t 1 --json -q --answer-only \
-       "${fl[@]}" $flags > "$file.tmp"; then
-    mv "$file.tmp" "$file.json"
-    echo $((SECONDS - t0)) > "$file.seconds"
-  fi
-  echo "$f $name: $((SECONDS - t0)) s" >&2
-}
-export -f run_one
-export kvpack model out n seed filler
-t0=$SECONDS
-printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} bash -c 'run_one "$@"' _ {}
-echo "walk eval: ${#jobs[@]} cells in $((SECONDS - t0)) s" | tee "$out/walk.seconds" >&2
+task=walk
+# shellcheck source=scripts/eval_cells.sh
+source "$(dirname "$0")/eval_cells.sh"
+run_cells walk
