@@ -1,7 +1,8 @@
 // Recall's hot mass from the attention kernel (Recall::run's attn_lse): a one-row check that takes each
 // head's log-sum-exp from paged_attention's by-product must read, recall and exchange the same pages and
 // report the same drift as the check that recomputes the hot logits itself; NaN entries (a layer the
-// kernel did not write) fall back to the recomputation bit for bit. Real pieces: a page pool, a sequence's
+// kernel did not write) fall back to the recomputation bit for bit; pinned positions never go down in an exchange.
+// Real pieces: a page pool, a sequence's
 // streams, evictions into a host cold tier with their digests, the query window.
 #include <gtest/gtest.h>
 
@@ -212,4 +213,38 @@ TEST(RecallExactCheck, TotalVariationOfTheTwoNextTokenDistributions) {
   EXPECT_EQ(st.exact_flips, 1 + (ab_flip ? 1 : 0));
   EXPECT_EQ(st.exact_checks, 3);
   EXPECT_EQ(st.exact_tv_first, 0.0);
+}
+
+// Protection::pinned (the slots TriSpan keeps for their structure, Scorer::pin_score): an exchange never
+// displaces them. The positions a check without pins sent down are pinned on an identical copy; there they
+// all stay hot, and whatever the copy exchanges instead still keeps each stream at its length.
+TEST(RecallExchange, PinnedPositionsNeverGoDown) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    const size_t n_streams = static_cast<size_t>(kLayers) * kKvHeads;
+    State a(seed), b(seed);
+    const auto before = a.hot_positions();
+    std::vector<compress::Protection> prot(n_streams, compress::Protection{4, 8, 0});
+    compress::Recall ra(recall_config(), model_config());
+    ASSERT_GT(ra.run(*a.kv, *a.cold, a.queries, prot, 1, nullptr), 0) << "the fixture should exchange something";
+    const auto after_a = a.hot_positions();
+    std::vector<std::vector<int32_t>> went_down(n_streams);
+    size_t total = 0;
+    for (size_t s = 0; s < n_streams; ++s) {
+      for (int32_t p : before[s])
+        if (std::find(after_a[s].begin(), after_a[s].end(), p) == after_a[s].end()) went_down[s].push_back(p);
+      std::sort(went_down[s].begin(), went_down[s].end());
+      total += went_down[s].size();
+      prot[s].pinned = went_down[s];
+    }
+    ASSERT_GT(total, 0u);
+    compress::Recall rb(recall_config(), model_config());
+    rb.run(*b.kv, *b.cold, b.queries, prot, 1, nullptr);
+    const auto after_b = b.hot_positions();
+    for (size_t s = 0; s < n_streams; ++s) {
+      EXPECT_EQ(after_b[s].size(), before[s].size()) << "an exchange keeps the stream's length";
+      for (int32_t p : went_down[s])
+        EXPECT_NE(std::find(after_b[s].begin(), after_b[s].end(), p), after_b[s].end()) << "pinned position " << p << " went down";
+    }
+  }
 }

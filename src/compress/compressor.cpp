@@ -66,7 +66,7 @@ SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
       samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), first_event_pos_(o.first_event_pos_),
       fallen_back_(o.fallen_back_),
-      naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
+      naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()), pinned_(o.pinned_) {}  // per-event scratch starts empty
 
 std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
   return std::unique_ptr<SequenceCompressor>(new SequenceCompressor(*this));
@@ -239,6 +239,7 @@ Protection SequenceCompressor::protection(const kv::SequenceKv& kv, int32_t s) c
   // (set_protected_prefix) rather than this looking at which pages happen to be shared now, so the keep
   // sets do not depend on other requests or on a swap that brought the pages back as private copies.
   p.sinks = std::max(p.sinks, std::min(kv.n_slots(s), protected_prefix_));
+  if (static_cast<size_t>(s) < pinned_.size()) p.pinned = pinned_[static_cast<size_t>(s)];
   return p;
 }
 
@@ -273,6 +274,18 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
     }
   }
   splitter_.select(candidates_, keeps_, pool_);
+  // The kept slots the policy pinned (Scorer::pin_score), by position: recall leaves them in place.
+  const float pin = scorer_->pin_score();
+  pinned_.resize(static_cast<size_t>(n_streams_));
+  for (int32_t s = 0; s < n_streams_; ++s) {
+    auto& pinned = pinned_[static_cast<size_t>(s)];
+    pinned.clear();
+    if (frozen(s) || !(pin < std::numeric_limits<float>::infinity())) continue;
+    const auto& sc = scores_[static_cast<size_t>(s)];
+    for (int32_t j : keeps_[static_cast<size_t>(s)])
+      if (sc[static_cast<size_t>(j)] >= pin) pinned.push_back(kv.position(s, j));
+    std::sort(pinned.begin(), pinned.end());
+  }
 
   // Compact: survivors slide forward, tail pages go back to the pool; the H2O mass moves with them.
   const uint64_t slot_kv_bytes = 2 * kv.pool().slot_bytes();

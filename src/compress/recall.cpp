@@ -257,7 +257,9 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   std::vector<int32_t>& pos = w.positions;
   kv.copy_positions(s, pos);
   for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j)
-    if (pos[static_cast<size_t>(j)] < tail_pos && (prot.prompt_end == 0 || pos[static_cast<size_t>(j)] >= prot.prompt_end)) eligible.push_back(j);
+    if (pos[static_cast<size_t>(j)] < tail_pos && (prot.prompt_end == 0 || pos[static_cast<size_t>(j)] >= prot.prompt_end) &&
+        !std::binary_search(prot.pinned.begin(), prot.pinned.end(), pos[static_cast<size_t>(j)]))
+      eligible.push_back(j);
   // Victims are taken from the front, at most as many as the candidates hold: order only that far.
   size_t wanted = 0;
   for (const Candidate& c : recall) wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);

@@ -52,6 +52,7 @@ uint64_t positions_hash(const std::vector<int32_t>& pos) {
 class TriSpanScorer final : public Scorer {
  public:
   std::unique_ptr<Scorer> clone() const override { return std::make_unique<TriSpanScorer>(*this); }
+  float pin_score() const override { return kTier; }
   TriSpanScorer(const CompressConfig&, const ModelConfig& model) : mc_(model) {}
 
   ScorerNeeds needs() const override {

@@ -14,6 +14,9 @@ struct Protection {
   // Slots whose original position is below this are protected (protect-prompt); positions are passed
   // to select_keep when it is non-zero.
   int32_t prompt_end = 0;
+  // Positions (sorted) that recall's exchanges must not displace: the slots the policy pinned at its last
+  // event (Scorer::pin_score). Compression itself ignores it.
+  std::span<const int32_t> pinned;
 };
 
 // Keeps every protected slot plus the best-scored others until `budget` slots are kept (more if the
