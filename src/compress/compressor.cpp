@@ -66,7 +66,7 @@ SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
       samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), first_event_pos_(o.first_event_pos_),
       fallen_back_(o.fallen_back_),
-      naive_peak_pages_(o.naive_peak_pages_), scores_(o.scores_.size()), pinned_(o.pinned_) {}  // per-event scratch starts empty
+      naive_peak_pages_(o.naive_peak_pages_), pinned_(o.pinned_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
 
 std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
   return std::unique_ptr<SequenceCompressor>(new SequenceCompressor(*this));

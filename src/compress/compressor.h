@@ -163,10 +163,11 @@ class SequenceCompressor : public ForwardObserver {
   bool fallen_back_ = false;  // the drift guard restored full KV: no more compression
   std::vector<Protection> prot_scratch_;
   int64_t naive_peak_pages_ = 0;
+  // Per stream: the sorted positions the policy pinned at the last event (Protection::pinned); reused.
+  std::vector<std::vector<int32_t>> pinned_;
   // Per-event scratch, kept between events to avoid reallocation.
   std::vector<std::vector<float>> scores_;
   std::vector<std::vector<int32_t>> keeps_, positions_;
-  std::vector<std::vector<int32_t>> pinned_;  // per stream: sorted positions pinned at the last event (Protection::pinned)
   std::vector<StreamCandidates> candidates_;
   std::vector<int32_t> batch_streams_, batch_slots_;  // compaction batch (compress()): streams, their slots before
   std::vector<std::span<const int32_t>> batch_keeps_;
