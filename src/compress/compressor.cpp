@@ -276,11 +276,12 @@ void SequenceCompressor::compress(kv::SequenceKv& kv) {
   splitter_.select(candidates_, keeps_, pool_);
   // The kept slots the policy pinned (Scorer::pin_score), by position: recall leaves them in place.
   const float pin = scorer_->pin_score();
+  const bool pins = pin < std::numeric_limits<float>::infinity();
   pinned_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) {
     auto& pinned = pinned_[static_cast<size_t>(s)];
     pinned.clear();
-    if (frozen(s) || !(pin < std::numeric_limits<float>::infinity())) continue;
+    if (!pins || frozen(s)) continue;
     const auto& sc = scores_[static_cast<size_t>(s)];
     for (int32_t j : keeps_[static_cast<size_t>(s)])
       if (sc[static_cast<size_t>(j)] >= pin) pinned.push_back(kv.position(s, j));

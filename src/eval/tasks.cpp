@@ -93,6 +93,20 @@ struct Skeleton {
   size_t key_item = 0;      // the item whose depth is reported
 };
 
+// pointer's and walk's link lines: `chains` chains of `hops` links over distinct 4-letter names, each line at
+// its own random depth, chain 0 first (the queried one: node i of chain c is nodes[c * (hops + 1) + i]).
+std::vector<std::string> add_link_chains(Skeleton& sk, Rng& r, int chains, int hops) {
+  std::vector<std::string> nodes = upper_names(r, chains * (hops + 1), 4);
+  sk.header = "Links in this text are written A -> B.";
+  for (int c = 0; c < chains; ++c)
+    for (int h = 0; h < hops; ++h) {
+      const size_t a = static_cast<size_t>(c * (hops + 1) + h);
+      sk.items.push_back({r.unit(), nodes[a] + " -> " + nodes[a + 1]});
+    }
+  sk.key_item = 0;  // the queried chain's first link
+  return nodes;
+}
+
 Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t walk_count) {
   Skeleton sk;
   switch (kind) {
@@ -175,19 +189,8 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t wa
       break;
     }
     case TaskKind::Pointer: {
-      constexpr int kHops = 4, kDistractorChains = 3, kDistractorHops = 4;
-      const int n_nodes = (kHops + 1) + kDistractorChains * (kDistractorHops + 1);
-      const std::vector<std::string> nodes = upper_names(r, n_nodes, 4);
-      sk.header = "Links in this text are written A -> B.";
-      std::vector<Skeleton::Item> links;
-      for (int h = 0; h < kHops; ++h) links.push_back({r.unit(), nodes[static_cast<size_t>(h)] + " -> " + nodes[static_cast<size_t>(h + 1)]});
-      for (int c = 0; c < kDistractorChains; ++c) {
-        const int base = kHops + 1 + c * (kDistractorHops + 1);
-        for (int h = 0; h < kDistractorHops; ++h)
-          links.push_back({r.unit(), nodes[static_cast<size_t>(base + h)] + " -> " + nodes[static_cast<size_t>(base + h + 1)]});
-      }
-      sk.items = std::move(links);
-      sk.key_item = 0;
+      constexpr int kHops = 4, kDistractorChains = 3;
+      const std::vector<std::string> nodes = add_link_chains(sk, r, 1 + kDistractorChains, kHops);
       sk.question = "Question: Start at " + nodes[0] + " and follow " + std::to_string(kHops) + " links.\n"
                     "Answer: " + nodes[0] + " ->";
       std::string ans;
@@ -196,16 +199,12 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t wa
       break;
     }
     case TaskKind::Walk: {
-      // Pointer's links (the walk's 4 plus three distractor chains of 4, random depths, distinct names). The
-      // answer states the walk's end right after the walk, counts down, and states it again: the second
-      // statement is a copy of the model's own first one, written ~3 tokens per count earlier.
+      // Pointer's links (the walk's 4 plus three distractor chains of 4). The answer states the walk's end
+      // right after the walk, counts down, and states it again: the second statement is a copy of the model's
+      // own first one, written ~3 tokens per count earlier.
       constexpr int kHops = 4, kDistractorChains = 3;
-      const std::vector<std::string> nodes = upper_names(r, (kHops + 1) * (1 + kDistractorChains), 4);
+      const std::vector<std::string> nodes = add_link_chains(sk, r, 1 + kDistractorChains, kHops);
       auto node = [&](int i) -> const std::string& { return nodes[static_cast<size_t>(i)]; };
-      sk.header = "Links in this text are written A -> B.";
-      for (int c = 0; c <= kDistractorChains; ++c)
-        for (int h = 0; h < kHops; ++h) sk.items.push_back({r.unit(), node(c * (kHops + 1) + h) + " -> " + node(c * (kHops + 1) + h + 1)});
-      sk.key_item = 0;  // the walk's first link
       sk.question = "Question: Start at " + node(0) + " and follow " + std::to_string(kHops) + " links. Then count down from " +
                     std::to_string(walk_count) + ". Then say where the walk ended.\nAnswer: " + node(0) + " ->";
       std::string ans;

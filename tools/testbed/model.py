@@ -206,17 +206,21 @@ class Model(nn.Module):
         return F.linear(x, w)
 
 
+# A block's parameter (layers.L.<ours>) -> its GGUF tensor (blk.L.<theirs>): export and import.
+LAYER_TENSOR_NAMES = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight", "wk.weight": "attn_k.weight",
+                      "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight",
+                      "q_norm.weight": "attn_q_norm.weight", "k_norm.weight": "attn_k_norm.weight",
+                      "ffn_norm.weight": "ffn_norm.weight", "w_gate.weight": "ffn_gate.weight",
+                      "w_up.weight": "ffn_up.weight", "w_down.weight": "ffn_down.weight"}
+
+
 def state_for_export(model):
     """GGUF tensor name -> numpy fp32 array (torch layout)."""
     c = model.c
     sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     out = {"token_embd.weight": model.embedding_weight().detach().float().cpu().numpy()}
-    names = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight", "wk.weight": "attn_k.weight",
-             "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight", "q_norm.weight": "attn_q_norm.weight",
-             "k_norm.weight": "attn_k_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
-             "w_gate.weight": "ffn_gate.weight", "w_up.weight": "ffn_up.weight", "w_down.weight": "ffn_down.weight"}
     for l in range(c.n_layer):
-        for ours, theirs in names.items():
+        for ours, theirs in LAYER_TENSOR_NAMES.items():
             k = f"layers.{l}.{ours}"
             if k in sd:
                 out[f"blk.{l}.{theirs}"] = sd[k]
@@ -244,11 +248,6 @@ def load_exported(model, tensors):
         for k in list(mine):
             if k.startswith("layers."):
                 _, l, ours = k.split(".", 2)
-                names = {"attn_norm.weight": "attn_norm.weight", "wq.weight": "attn_q.weight",
-                         "wk.weight": "attn_k.weight", "wv.weight": "attn_v.weight", "wo.weight": "attn_output.weight",
-                         "q_norm.weight": "attn_q_norm.weight", "k_norm.weight": "attn_k_norm.weight",
-                         "ffn_norm.weight": "ffn_norm.weight", "w_gate.weight": "ffn_gate.weight",
-                         "w_up.weight": "ffn_up.weight", "w_down.weight": "ffn_down.weight"}
-                put(k, f"blk.{l}.{names[ours]}")
+                put(k, f"blk.{l}.{LAYER_TENSOR_NAMES[ours]}")
         if theirs:
             raise ValueError(f"GGUF tensors the model has no place for: {sorted(theirs)[:5]}")
