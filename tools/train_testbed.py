@@ -34,7 +34,7 @@ from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.cli import parse_stages  # noqa: E402
 from testbed.cli import parse_args as parse_cli  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
-from testbed.data import CHUNK, KNOWN_TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
+from testbed.data import CHUNK, KNOWN_TASKS, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
 from testbed.gguf_reader import read_gguf  # noqa: E402
 from testbed.model import Config, Model, digit_parts_for, is_number_token, load_exported  # noqa: E402
@@ -58,7 +58,7 @@ class Run:
             raise SystemExit(f"kvpack binary not found: {self.kvpack} (build it, or pass --kvpack)")
         self.stages = parse_stages(a.stages, a.ctx)
         # Checkpoints of runs before --tasks have no 'tasks': the three prompt-regime formats.
-        self.task_list = tuple(getattr(a, "tasks", "needle,vartrack,pointer").split(","))
+        self.task_list = tuple(getattr(a, "tasks", ",".join(TASKS)).split(","))
         unknown = [t for t in self.task_list if t not in KNOWN_TASKS]
         if unknown or len(set(self.task_list)) != len(self.task_list):
             raise SystemExit(f"--tasks: {','.join(self.task_list)} (known: {','.join(KNOWN_TASKS)}, each once)")
