@@ -25,7 +25,9 @@ namespace {
 // A paged stream owned by the test: pages of K rows then V rows, K filled from seeded normals.
 class Stream {
  public:
-  Stream(DType type, int32_t head_dim, int32_t page_size, int32_t n_slots, uint32_t seed)
+  // near_dup_every > 0: every such slot holds the previous key plus a little noise (cosine ~0.95, R-KV's
+  // near-duplicates; random keys of these sizes rarely pass its 0.5 cut).
+  Stream(DType type, int32_t head_dim, int32_t page_size, int32_t n_slots, uint32_t seed, int32_t near_dup_every = 0)
       : row_(kv_row_bytes(type, head_dim)) {
     view_.kv_type = type;
     view_.head_dim = head_dim;
@@ -40,7 +42,8 @@ class Stream {
     for (int32_t p = 0; p < n_pages; ++p) {
       pages_[static_cast<size_t>(p)].assign(2 * view_.v_offset, 0xAB);  // garbage past the last slot
       for (int32_t r = 0; r < page_size && p * page_size + r < n_slots; ++r) {
-        for (float& v : x) v = nd(rng);
+        const bool dup = near_dup_every > 0 && (p * page_size + r) % near_dup_every == near_dup_every - 1;
+        for (float& v : x) v = dup ? v + 0.3f * nd(rng) : nd(rng);
         if ((p * page_size + r) % 5 == 3) x.assign(x.size(), 0.0f);  // zero keys (R-KV's inv-norm guard)
         kv_encode_row(x.data(), type, head_dim, pages_[static_cast<size_t>(p)].data() + static_cast<size_t>(r) * row_);
       }
@@ -278,6 +281,56 @@ TEST(KernelsKeyScoring, RedundancyIsASoftmaxOverNonWindowKeys) {
     }
     EXPECT_LE(sum, 1.0 + 1e-6) << name(sh);  // the softmax runs over all n columns, the window's included
     if (w_tail == 0) EXPECT_NEAR(sum, 1.0, 1e-5) << name(sh);
+  }
+}
+
+// key_redundancy on every path against a float64 evaluation of its documented formula, on odd shapes and
+// with near-duplicate keys (the exemption of each row's newest one is exercised). The paths sum in other
+// orders (the AVX-512 one takes each unordered pair once, 8 x 16 at a time), so they agree to rounding.
+TEST(KernelsKeyScoring, RedundancyPathsMatchAFloat64Reference) {
+  std::vector<Shape> cases = shapes();
+  cases.push_back({DType::F16, 64, 16, 300});
+  cases.push_back({DType::F32, 24, 5, 77});
+  cases.push_back({DType::BF16, 40, 3, 17});
+  for (const Shape& sh : cases) {
+    const Stream st(sh.type, sh.head_dim, sh.page_size, sh.n_slots, 15, 4);
+    const int32_t n = sh.n_slots, hd = sh.head_dim, w_tail = std::min(n, 3);
+    std::vector<std::vector<double>> u(static_cast<size_t>(n));
+    for (int32_t j = 0; j < n; ++j) {
+      const std::vector<float> k = st.key(j);
+      double ss = 0;
+      for (float v : k) ss += static_cast<double>(v) * v;
+      for (float v : k) u[static_cast<size_t>(j)].push_back(ss > 0 ? v / std::sqrt(ss) : 0.0);
+    }
+    std::vector<double> col(static_cast<size_t>(n), 0.0);
+    int32_t exempted = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      int32_t newest = 0;
+      std::vector<double> row(static_cast<size_t>(n), 0.0);
+      for (int32_t j = 0; j < n; ++j) {
+        if (j == i) continue;
+        for (int32_t e = 0; e < hd; ++e) row[static_cast<size_t>(j)] += u[static_cast<size_t>(i)][static_cast<size_t>(e)] * u[static_cast<size_t>(j)][static_cast<size_t>(e)];
+        if (row[static_cast<size_t>(j)] > 0.5) newest = j;
+      }
+      exempted += newest != 0;
+      row[static_cast<size_t>(newest)] = 0;
+      for (int32_t j = 0; j < n; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
+    }
+    if (n >= 8) {
+      EXPECT_GT(exempted, 0) << name(sh) << ": the data must hold near-duplicates";
+    }
+    double mx = -1e300, sum = 0;
+    for (double c : col) mx = std::max(mx, c / n);
+    for (double c : col) sum += std::exp(c / n - mx);
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!cpu_supports(isa, kKeyScoringIsa)) continue;
+      std::vector<float> out(static_cast<size_t>(n), -1.0f);
+      key_redundancy_on(isa, st.view(), w_tail, out.data());
+      for (int32_t j = 0; j < n; ++j) {
+        const double want = j < n - w_tail ? std::exp(col[static_cast<size_t>(j)] / n - mx) / sum : 0.0;
+        EXPECT_NEAR(out[static_cast<size_t>(j)], want, 2e-6 * want) << name(sh) << " " << isa_name(isa) << " slot " << j;
+      }
+    }
   }
 }
 

@@ -99,8 +99,14 @@ void page_shares(const float* bounds, const float* log_n, const float* lse, int3
 }
 
 void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out) {
+  key_redundancy_on(selected_isa(kKeyScoringIsa), kv, w_tail, out);
+}
+
+void key_redundancy_on(Isa isa, const KvStreamView& kv, int32_t w_tail, float* out) {
   check(kv, "key_redundancy");
-  ks_detail::key_redundancy_scalar(kv, w_tail, out);
+  if (!cpu_supports(isa, kKeyScoringIsa))
+    throw std::invalid_argument(std::string("key_redundancy_on: ") + isa_name(isa) + " is not available on this CPU");
+  ks_detail::key_redundancy_with(kv, w_tail, isa == Isa::Avx512, out);
 }
 
 void key_novelty(const KvStreamView& kv, const KeyUnrotate& r, int32_t from, double* sum, float* out) {

@@ -79,6 +79,9 @@ void page_shares_on(Isa isa, const float* bounds, const float* log_n, const floa
 // (a row without one zeroes column 0); out[j] = softmax_j(mean_i C[i, j]) for j < n - w_tail, 0 in the
 // last w_tail slots.
 void key_redundancy(const KvStreamView& kv, int32_t w_tail, float* out);
+// The same on an explicitly chosen path (tests); throws std::invalid_argument if this CPU cannot run it.
+// The paths differ by rounding (see ks_detail::redundancy_columns_*).
+void key_redundancy_on(Isa isa, const KvStreamView& kv, int32_t w_tail, float* out);
 
 // Unit pre-RoPE keys for key_novelty: u_j = R(-p_j) k_j / ||k_j||, the rotation undone with the inverse
 // angles of slot j's position. cs = [n_slots][rot_dims / 2] (cos, sin) pairs as kernels::rope_table writes

@@ -228,6 +228,69 @@ void key_novelty_avx512(const KvStreamView& kv, const KeyUnrotate& r, int32_t fr
   }
 }
 
+void redundancy_columns_avx512(const float* keys, int32_t n, int32_t hd, const RedundancyScratch& w, double* col) {
+  constexpr int32_t R = kRedundancyRows;  // rows per tile: 8 independent FMA chains cover the FMA latency
+  const int32_t n16 = (n + 15) / 16 * 16;
+  float* kt = w.kt;
+  double* sums = w.sums;
+  int32_t* newest = w.newest;
+  for (int32_t j = 0; j < n; ++j)
+    for (int32_t e = 0; e < hd; ++e) kt[static_cast<long>(e) * n16 + j] = keys[static_cast<long>(j) * hd + e];
+  for (long x = 0; x < static_cast<long>(n) * hd; ++x) w.kr[x] = keys[x];
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i nv = _mm512_set1_epi32(n);
+  const __m512 half = _mm512_set1_ps(0.5f);
+  for (int32_t i0 = 0; i0 < n; i0 += R) {
+    __m512 rows[R];  // per row, its upper-triangle entries summed lane-wise: column i's sum over rows j > i
+    for (auto& v : rows) v = _mm512_setzero_ps();
+    const float* ki = w.kr + static_cast<long>(i0) * hd;
+    // Only the pairs j > i: each unordered pair once, both of its columns updated from it.
+    for (int32_t j0 = i0 / 16 * 16; j0 < n16; j0 += 16) {
+      __m512 acc[R];
+      for (auto& v : acc) v = _mm512_setzero_ps();
+      const float* kc = kt + j0;
+      // Element order, one f32 FMA per element: the rounding the exemption below reproduces.
+      for (int32_t e = 0; e < hd; ++e) {
+        const __m512 c = _mm512_loadu_ps(kc + static_cast<long>(e) * n16);
+        for (int32_t r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(ki[r * hd + e]), c, acc[r]);
+      }
+      const __m512i jv = _mm512_add_epi32(_mm512_set1_epi32(j0), lane);
+      const __mmask16 in_range = _mm512_cmplt_epi32_mask(jv, nv);
+      __m512 cs = _mm512_setzero_ps();
+      for (int32_t r = 0; r < R; ++r) {
+        const int32_t i = i0 + r;
+        const __mmask16 live = _mm512_mask_cmpgt_epi32_mask(in_range, jv, _mm512_set1_epi32(i));
+        const __m512 sv = _mm512_maskz_mov_ps(live, acc[r]);
+        cs = _mm512_add_ps(cs, sv);
+        rows[r] = _mm512_add_ps(rows[r], sv);
+        const unsigned near = _mm512_mask_cmp_ps_mask(live, sv, half, _CMP_GT_OQ);
+        if (near != 0) {  // rare: near-duplicates. Row i's newest is its largest such j; i is a candidate of row j.
+          const int32_t last = j0 + 31 - __builtin_clz(near);
+          if (last > newest[i]) newest[i] = last;
+          for (unsigned m = near; m != 0; m &= m - 1) {
+            int32_t& nj = newest[j0 + __builtin_ctz(m)];
+            if (i > nj) nj = i;
+          }
+        }
+      }
+      double* cd = sums + j0;
+      _mm512_storeu_pd(cd, _mm512_add_pd(_mm512_loadu_pd(cd), _mm512_cvtps_pd(_mm512_castps512_ps256(cs))));
+      _mm512_storeu_pd(cd + 8, _mm512_add_pd(_mm512_loadu_pd(cd + 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(cs, 1))));
+    }
+    for (int32_t r = 0; r < R && i0 + r < n; ++r) sums[i0 + r] += _mm512_reduce_add_ps(rows[r]);
+  }
+  // Each row's newest near-duplicate (column 0 without one) leaves that column: its entry, recomputed with
+  // the same chain of f32 FMAs the tile ran (k_i . k_j and k_j . k_i round alike).
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t j = newest[i];
+    if (j == i) continue;
+    float d = 0;
+    for (int32_t e = 0; e < hd; ++e) d = __builtin_fmaf(keys[static_cast<long>(i) * hd + e], keys[static_cast<long>(j) * hd + e], d);
+    sums[j] -= d;
+  }
+  for (int32_t j = 0; j < n; ++j) col[j] = sums[j];
+}
+
 void tri_key_scores_avx512(const KvStreamView& kv, const TriWeights& w, float* out) {
   const int32_t F = w.n_bands, G = w.group, ps = kv.page_size, n_slots = kv.n_slots;
   const long row_halves = kv.head_dim;  // F16 row: head_dim halves

@@ -125,7 +125,26 @@ void page_shares_scalar(const float* bounds, const float* log_n, const float* ls
   }
 }
 
-void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out) {
+void redundancy_columns_scalar(const float* keys, int32_t n, int32_t hd, double* col) {
+  std::fill(col, col + n, 0.0);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const float* ki = keys + static_cast<size_t>(i) * hd;
+    int32_t newest = 0;
+    for (int32_t j = 0; j < n; ++j) {
+      float d = 0;
+      if (j != i) {
+        d = dot(ki, keys + static_cast<size_t>(j) * hd, hd);
+        if (d > 0.5f) newest = j;
+      }
+      row[static_cast<size_t>(j)] = d;
+    }
+    row[static_cast<size_t>(newest)] = 0.0f;
+    for (int32_t j = 0; j < n; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
+  }
+}
+
+void key_redundancy_with(const KvStreamView& kv, int32_t w_tail, bool avx512, float* out) {
   // As the reference: the similarity matrix covers ALL n keys (window rows count in the column means,
   // the softmax runs over all n columns); a row without a near-duplicate zeroes column 0 (the reference
   // takes max() of an empty index set as 0). A zero key has zero similarity to everything.
@@ -143,21 +162,15 @@ void key_redundancy_scalar(const KvStreamView& kv, int32_t w_tail, float* out) {
     for (int32_t e = 0; e < hd; ++e) k[e] *= inv;
   }
   std::vector<double> col(static_cast<size_t>(n), 0.0);
-  std::vector<float> row(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    const float* ki = keys.data() + static_cast<size_t>(i) * hd;
-    int32_t newest = 0;
-    for (int32_t j = 0; j < n; ++j) {
-      float d = 0;
-      if (j != i) {
-        d = dot(ki, keys.data() + static_cast<size_t>(j) * hd, hd);
-        if (d > 0.5f) newest = j;
-      }
-      row[static_cast<size_t>(j)] = d;
-    }
-    row[static_cast<size_t>(newest)] = 0.0f;
-    for (int32_t j = 0; j < n; ++j) col[static_cast<size_t>(j)] += row[static_cast<size_t>(j)];
-  }
+  if (avx512) {
+    const size_t n16 = static_cast<size_t>(n + 15) / 16 * 16;
+    const size_t n_rows = static_cast<size_t>(n + kRedundancyRows - 1) / kRedundancyRows * kRedundancyRows;
+    std::vector<float> kt(static_cast<size_t>(hd) * n16, 0.0f), kr(n_rows * hd, 0.0f);
+    std::vector<double> sums(n16, 0.0);
+    std::vector<int32_t> newest(n16, 0);
+    redundancy_columns_avx512(keys.data(), n, hd, {kt.data(), kr.data(), sums.data(), newest.data()}, col.data());
+  } else
+    redundancy_columns_scalar(keys.data(), n, hd, col.data());
   double mx = -1e300;
   for (int32_t j = 0; j < n; ++j) mx = std::max(mx, col[static_cast<size_t>(j)] / n);
   double sum = 0;
