@@ -303,13 +303,13 @@ TEST(EvalTasks, PointerPathFollowsTheLinks) {
   }
 }
 
-// walk: parsing the prompt back, the 4-link walk from the start node ends where the answer says (twice), the count
-// down runs from the question's number to 0, and the second statement comes after the whole count.
-TEST(EvalTasks, WalkCountsDownAndSaysWhereTheWalkEndedTwice) {
+// walk: parsing the prompt back, the answer is the 4-link walk from the start node, the count down from the
+// question's number to 0, and the answer line again from "Answer:" after the whole count.
+TEST(EvalTasks, WalkCountsDownAndRepeatsTheAnswerLine) {
   const kvpack::Tokenizer& tok = model().tokenizer();
   const std::regex link_re("([A-Z]{4}) -> ([A-Z]{4})");
   const std::regex question_re("Question: Start at ([A-Z]{4}) and follow 4 links\\. Then count down from ([0-9]+)\\. "
-                               "Then say where the walk ended\\.");
+                               "Then repeat the answer\\.");
   for (const kvpack::Tokenizer* tk : {&tok, static_cast<const kvpack::Tokenizer*>(nullptr)}) {
     for (uint64_t seed = 0; seed < 12; ++seed) {
       const int32_t ctx = tk ? 1024 : 4096;
@@ -337,15 +337,16 @@ TEST(EvalTasks, WalkCountsDownAndSaysWhereTheWalkEndedTwice) {
         expect += (h ? " -> " : " ") + node;
       }
       EXPECT_FALSE(next.count(node)) << "the walk ends after 4 hops";
-      expect += ". The walk ended at " + node + ". Then count down from " + std::to_string(count) + ":";
+      const std::string walk = expect;
+      expect += ". Then count down from " + std::to_string(count) + ":";
       for (int k = count; k >= 0; --k) {  // appended piece by piece: GCC 12 warns (-Wrestrict) on " " + to_string
         expect += ' ';
         expect += std::to_string(k);
         expect += k ? ',' : '.';
       }
-      expect += " The walk ended at " + node;
+      expect += " Answer: " + start + " ->" + walk;
       EXPECT_EQ(t.answer, expect);
-      EXPECT_EQ(count_of(t.answer, "The walk ended at " + node), 2u);
+      EXPECT_EQ(count_of(t.prompt + t.answer, "Answer: " + start + " ->"), 2u);
       if (tk) {
         EXPECT_GT(t.answer_tokens, ctx / 8) << "the answer is a large share of the context";
       }
@@ -356,7 +357,7 @@ TEST(EvalTasks, WalkCountsDownAndSaysWhereTheWalkEndedTwice) {
   o.walk_count = 9;
   const eval::Task nine = eval::make_task(TaskKind::Walk, 1024, 3, &tok, o);
   EXPECT_NE(nine.prompt.find("Then count down from 9."), std::string::npos);
-  EXPECT_NE(nine.answer.find(". Then count down from 9: 9, 8, 7, 6, 5, 4, 3, 2, 1, 0. The walk ended at "), std::string::npos);
+  EXPECT_NE(nine.answer.find(". Then count down from 9: 9, 8, 7, 6, 5, 4, 3, 2, 1, 0. Answer: "), std::string::npos);
   for (int32_t bad : {eval::kWalkCountMin - 1, eval::kWalkCountMax + 1}) {
     o.walk_count = bad;
     EXPECT_THROW(eval::make_task(TaskKind::Walk, 1024, 3, &tok, o), std::invalid_argument) << bad;

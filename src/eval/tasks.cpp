@@ -199,22 +199,24 @@ Skeleton make_skeleton(TaskKind kind, Rng& r, const TaskOptions& opt, int32_t wa
       break;
     }
     case TaskKind::Walk: {
-      // Pointer's links (the walk's 4 plus three distractor chains of 4). The answer states the walk's end
-      // right after the walk, counts down, and states it again: the second statement is a copy of the model's
-      // own first one, written ~3 tokens per count earlier.
+      // Pointer's links (the walk's 4 plus three distractor chains of 4). The answer walks, counts down, and
+      // repeats the answer line from its start: every token of the repeat is an induction copy of the
+      // model's own walk ~3 tokens per count earlier ("Answer:" -> the start node -> " ->" -> the next node
+      // ...), the regime where a compressed cache must have kept what the model generated long before.
+      // (Stating where the walk ended instead — "The walk ended at X" — needed the node five tokens back
+      // without a copy cue; the testbed model did not learn it: docs/testbed.md §12.)
       constexpr int kHops = 4, kDistractorChains = 3;
       const std::vector<std::string> nodes = add_link_chains(sk, r, 1 + kDistractorChains, kHops);
       auto node = [&](int i) -> const std::string& { return nodes[static_cast<size_t>(i)]; };
       sk.question = "Question: Start at " + node(0) + " and follow " + std::to_string(kHops) + " links. Then count down from " +
-                    std::to_string(walk_count) + ". Then say where the walk ended.\nAnswer: " + node(0) + " ->";
-      std::string ans;
-      for (int h = 1; h <= kHops; ++h) ans += (h > 1 ? " -> " : " ") + node(h);
-      const std::string ended = "The walk ended at " + node(kHops);
+                    std::to_string(walk_count) + ". Then repeat the answer.\nAnswer: " + node(0) + " ->";
+      std::string walk;
+      for (int h = 1; h <= kHops; ++h) walk += (h > 1 ? " -> " : " ") + node(h);
       // The count restates the question's words, so its first number is a copy of the question's (a model
       // trained without the cue wrote a default number there instead).
-      ans += ". " + ended + ". Then count down from " + std::to_string(walk_count) + ":";
+      std::string ans = walk + ". Then count down from " + std::to_string(walk_count) + ":";
       for (int k = walk_count; k >= 0; --k) ans += " " + std::to_string(k) + (k > 0 ? "," : ".");
-      sk.answer = ans + " " + ended;
+      sk.answer = ans + " Answer: " + node(0) + " ->" + walk;
       break;
     }
   }
