@@ -215,8 +215,8 @@ TEST(RecallExactCheck, TotalVariationOfTheTwoNextTokenDistributions) {
   EXPECT_EQ(st.exact_tv_first, 0.0);
 }
 
-// Protection::pinned (the slots TriSpan keeps for their structure, Scorer::pin_score): an exchange never
-// displaces them. The positions a check without pins sent down are pinned on an identical copy; there they
+// Protection::pinned (the slots TriSpan keeps for their structure, Scorer::pin_score): with
+// RecallConfig::pin_override_share at +inf an exchange never displaces them. The positions a check without pins sent down are pinned on an identical copy; there they
 // all stay hot, and whatever the copy exchanges instead still keeps each stream at its length.
 TEST(RecallExchange, PinnedPositionsNeverGoDown) {
   for (uint64_t seed : {1u, 2u, 3u}) {
@@ -238,7 +238,9 @@ TEST(RecallExchange, PinnedPositionsNeverGoDown) {
       prot[s].pinned = went_down[s];
     }
     ASSERT_GT(total, 0u);
-    compress::Recall rb(recall_config(), model_config());
+    compress::RecallConfig never = recall_config();
+    never.pin_override_share = std::numeric_limits<float>::infinity();
+    compress::Recall rb(never, model_config());
     rb.run(*b.kv, *b.cold, b.queries, prot, 1, nullptr);
     const auto after_b = b.hot_positions();
     for (size_t s = 0; s < n_streams; ++s) {
@@ -246,5 +248,33 @@ TEST(RecallExchange, PinnedPositionsNeverGoDown) {
       for (int32_t p : went_down[s])
         EXPECT_NE(std::find(after_b[s].begin(), after_b[s].end(), p), after_b[s].end()) << "pinned position " << p << " went down";
     }
+  }
+}
+
+// RecallConfig::pin_override_share: a page whose exact share reaches it may displace pinned slots. With
+// every hot position pinned, a check exchanges nothing with the override at +inf; with it at the read
+// threshold (every candidate qualifies) an identical copy exchanges as a check without pins does, the
+// stream lengths unchanged.
+TEST(RecallExchange, APageThatOutweighsTheOverrideDisplacesPinnedSlots) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    const size_t n_streams = static_cast<size_t>(kLayers) * kKvHeads;
+    State a(seed), b(seed), c(seed);
+    const auto before = a.hot_positions();
+    std::vector<compress::Protection> open(n_streams, compress::Protection{4, 8, 0}), all_pinned = open;
+    for (size_t s = 0; s < n_streams; ++s) all_pinned[s].pinned = before[s];  // sorted: slots are in position order
+    compress::Recall ra(recall_config(), model_config());
+    const int64_t unpinned = ra.run(*a.kv, *a.cold, a.queries, open, 1, nullptr);
+    ASSERT_GT(unpinned, 0) << "the fixture should exchange something";
+    compress::RecallConfig never = recall_config();
+    never.pin_override_share = std::numeric_limits<float>::infinity();
+    compress::Recall rb(never, model_config());
+    EXPECT_EQ(rb.run(*b.kv, *b.cold, b.queries, all_pinned, 1, nullptr), 0);
+    EXPECT_EQ(b.hot_positions(), before);
+    compress::RecallConfig cfg = recall_config();
+    cfg.pin_override_share = cfg.min_share;
+    compress::Recall rc(cfg, model_config());
+    EXPECT_EQ(rc.run(*c.kv, *c.cold, c.queries, all_pinned, 1, nullptr), unpinned);
+    EXPECT_EQ(c.hot_positions(), a.hot_positions());
   }
 }

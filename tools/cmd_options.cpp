@@ -89,6 +89,10 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
   cmd.add_option("--kv-recall-share", o.recall_share,
                  "A cold page is read and recalled when it could hold this share of the hot attention mass")
       ->check(CLI::Range(1e-6, 1.0));
+  cmd.add_option("--kv-recall-pin-override", o.recall_pin_override,
+                 "A recalled page whose attention share reaches this (1: as much as the whole hot set) may displace the slots "
+                 "the policy pinned (trispan's spans); 0: the default (1)")
+      ->check(CLI::Range(0.0, 1e6));
   cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`; used by trispan when given; triattention without it: "
                  "computed once on built-in text and cached in $XDG_CACHE_HOME/kvpack or ~/.cache/kvpack)")
       ->check(CLI::ExistingFile);
@@ -116,6 +120,7 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   c.recall.max_pages = o.recall_pages;
   c.recall.rows = o.recall_rows;
   c.recall.min_share = o.recall_share;
+  if (o.recall_pin_override > 0) c.recall.pin_override_share = o.recall_pin_override;
   c.recall.guard = o.guard;
   c.recall.exact = o.drift_exact || o.guard_exact;
   c.recall.exact_guard = o.guard_exact ? o.guard_exact_tv : 0.0f;

@@ -47,6 +47,7 @@ struct KvOptions {
   int32_t recall_pages = 4;
   int32_t recall_rows = 1;
   float recall_share = 0.02f;
+  float recall_pin_override = 0.0f;  // 0: compress::RecallConfig's default
   float guard = 0.0f;
   // The policy these options select: --kv-policy when given, else compress::kDefaultPolicy when
   // --kv-budget > 0, else full. Every command reads the policy through this (labels included).

@@ -2,6 +2,7 @@
 // Every other field has a default that works untuned; see README "KV compression".
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,6 +27,12 @@ struct RecallConfig {
   int32_t rows = 1;         // query rows scored at the decode-time checks
   int32_t max_pages = 4;    // cold pages read per stream per check
   float min_share = 0.02f;  // a page is read / recalled when it could hold this share of the hot mass
+  // A page whose exact share reaches this (1: as much attention as the whole hot set, for one query vector)
+  // may displace slots the policy pinned (Scorer::pin_score; after the unpinned ones): the current query
+  // needs it beyond doubt. +inf: pins never yield. Testbed, TriSpan at 10 %, a check every token
+  // (docs/quality.md "What to switch on"): 1 gave Austen 100 / 92 / 86 % against 80 % pointer with +inf,
+  // built-in 100 / 94 / 92 against 94; 0.25 gave 100 / 90 / 88 on Austen.
+  float pin_override_share = 1.0f;
   bool bring_back = true;   // false: measure the drift only (pages are read, nothing is exchanged)
   // Drift guard (0 = off): a check whose drift estimate exceeds it is repeated reading every cold page;
   // if the estimate is still above, the request falls back to full KV (every cold page back, no more

@@ -223,7 +223,7 @@ double Recall::measure_stream(const kv::SequenceKv& kv, const kv::EvictedKv& col
       bound_of_read[static_cast<size_t>(v)] +=
           std::exp(std::min(80.0, static_cast<double>(b + std::log(static_cast<float>(page.n_slots)) - w.lse[static_cast<size_t>(v)])));
     }
-    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, r.record});
+    if (page_max_share >= cfg_.min_share) w.candidates.push_back({p, best, r.record, page_max_share});
   }
   // Drift of this stream: the bounded total (score_stream) with the pages read replaced by their exact share.
   double drift = 0;
@@ -248,40 +248,60 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
   if (recall.empty() || !cfg_.bring_back) return drift;
 
   // The exchange: the lowest-scoring unprotected hot slots go down, as many as the recalled pages hold,
-  // as long as each recalled page's best slot beats the victims'.
+  // as long as each recalled page's best slot beats the victims'. Pinned slots go down only for a page
+  // whose share reaches pin_override_share, and only once the unpinned ones are used up.
   const int32_t n = kv.n_slots(s);
-  std::vector<int32_t> eligible;
+  std::vector<int32_t>& eligible = w.eligible;
+  std::vector<int32_t>& pinned = w.pinned;
+  eligible.clear();
+  pinned.clear();
   // Never the slots of the query rows scored (they may be recomputed: SequenceCompressor::before_sample),
   // whatever the window says.
   const int32_t tail_pos = kv.next_pos() - keep_tail_;
   std::vector<int32_t>& pos = w.positions;
   kv.copy_positions(s, pos);
-  for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j)
-    if (pos[static_cast<size_t>(j)] < tail_pos && (prot.prompt_end == 0 || pos[static_cast<size_t>(j)] >= prot.prompt_end) &&
-        !std::binary_search(prot.pinned.begin(), prot.pinned.end(), pos[static_cast<size_t>(j)]))
-      eligible.push_back(j);
+  for (int32_t j = prot.sinks; j < n - std::max(prot.window, 1); ++j) {
+    const int32_t p = pos[static_cast<size_t>(j)];
+    if (p >= tail_pos || (prot.prompt_end != 0 && p < prot.prompt_end)) continue;
+    (std::binary_search(prot.pinned.begin(), prot.pinned.end(), p) ? pinned : eligible).push_back(j);
+  }
   // Victims are taken from the front, at most as many as the candidates hold: order only that far.
   size_t wanted = 0;
-  for (const Candidate& c : recall) wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
+  bool strong = false;
+  for (const Candidate& c : recall) {
+    wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
+    strong = strong || c.share >= cfg_.pin_override_share;
+  }
   const auto by_score = [&](int32_t a, int32_t b) {
     return w.slot_max[static_cast<size_t>(a)] < w.slot_max[static_cast<size_t>(b)] || (w.slot_max[static_cast<size_t>(a)] == w.slot_max[static_cast<size_t>(b)] && a < b);
   };
   std::partial_sort(eligible.begin(), eligible.begin() + static_cast<std::ptrdiff_t>(std::min(wanted, eligible.size())), eligible.end(), by_score);
+  if (!strong) pinned.clear();
+  std::partial_sort(pinned.begin(), pinned.begin() + static_cast<std::ptrdiff_t>(std::min(wanted, pinned.size())), pinned.end(), by_score);
   std::sort(recall.begin(), recall.end(), [](const Candidate& a, const Candidate& b) { return a.best > b.best; });
   std::vector<int32_t> victims;
   std::vector<kv::SequenceKv::InsertedSlot> inserted;
   std::vector<int32_t> recalled_pages;
-  size_t next_victim = 0;
+  size_t next_free = 0, next_pinned = 0;
   for (const Candidate& c : recall) {
-    const int32_t need = cold.pages(s)[static_cast<size_t>(c.page)].n_slots;
-    if (next_victim + static_cast<size_t>(need) > eligible.size()) break;
-    // The page must beat the best of the slots it would displace.
-    if (w.slot_max[static_cast<size_t>(eligible[next_victim + static_cast<size_t>(need) - 1])] >= c.best) continue;
-    for (int32_t j = 0; j < need; ++j) victims.push_back(eligible[next_victim++]);
+    const size_t need = static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
+    const size_t from_free = std::min(need, eligible.size() - next_free);
+    const size_t from_pinned = need - from_free;
+    if (from_pinned > 0 && (c.share < cfg_.pin_override_share || next_pinned + from_pinned > pinned.size())) {
+      if (!strong) break;  // nothing may take pinned slots: no later page fits either (as without pins)
+      continue;
+    }
+    // The page must beat the best of the slots it would displace (each list is in increasing score).
+    float worst = -std::numeric_limits<float>::infinity();
+    if (from_free > 0) worst = w.slot_max[static_cast<size_t>(eligible[next_free + from_free - 1])];
+    if (from_pinned > 0) worst = std::max(worst, w.slot_max[static_cast<size_t>(pinned[next_pinned + from_pinned - 1])]);
+    if (worst >= c.best) continue;
+    for (size_t j = 0; j < from_free; ++j) victims.push_back(eligible[next_free++]);
+    for (size_t j = 0; j < from_pinned; ++j) victims.push_back(pinned[next_pinned++]);
     const uint8_t* record = w.records.data() + static_cast<size_t>(c.record) * rec;
-    const auto* pos = reinterpret_cast<const int32_t*>(record + pos_off);
-    for (int32_t j = 0; j < need; ++j)
-      inserted.push_back({record + static_cast<size_t>(j) * row, record + voff + static_cast<size_t>(j) * row, pos[j]});
+    const auto* rpos = reinterpret_cast<const int32_t*>(record + pos_off);
+    for (size_t j = 0; j < need; ++j)
+      inserted.push_back({record + j * row, record + voff + j * row, rpos[j]});
     recalled_pages.push_back(c.page);
   }
   if (inserted.empty()) return drift;

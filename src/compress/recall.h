@@ -11,7 +11,9 @@
 //      `max_pages` per stream); their exact share is measured, and a page whose exact share reaches
 //      `min_share` and whose best slot beats the worst unprotected hot slot comes back, that many
 //      lowest-scoring unprotected hot slots going down to the cold tier in its place (the hot length is
-//      unchanged; token order is kept: kv::SequenceKv::splice_stream merges by position);
+//      unchanged; token order is kept: kv::SequenceKv::splice_stream merges by position). Slots the policy
+//      pinned (Protection::pinned) go down only for a page whose exact share reaches pin_override_share,
+//      after the unpinned ones;
 //   4. drift: for each query row and head, D = E / (H + E), with H = 1 (hot mass relative to itself) and
 //      E the evicted mass relative to it — exact for the pages read, the digest bound for the others; a
 //      stream's drift is the largest D over its rows and heads, a check's the mean over streams. The
@@ -108,6 +110,7 @@ class Recall {
     int32_t page;
     float best;  // the page's best slot logit (max over query vectors)
     int32_t record;
+    double share;  // its exact share of the hot mass, max over query vectors
   };
   // Per stream: the scaled query rows of its group, hot results and cold candidates.
   struct StreamWork {
@@ -127,6 +130,7 @@ class Recall {
     std::vector<Read> reads;          // pages read this check (hits), in order
     std::vector<uint8_t> records;     // one record per page of `order`
     std::vector<Candidate> candidates;
+    std::vector<int32_t> eligible, pinned;  // settle_stream: the hot slots it may send down, unpinned / pinned
     double drift = 0;
   };
   // `attn_lse`: run()'s (nullptr: recompute the hot logits).

@@ -72,8 +72,8 @@ class Scorer {
   // A copy with the same state (some scorers carry state from event to event, e.g. TriSpan's running
   // sums): a forked sequence (n > 1 choices) continues exactly as its parent would have.
   virtual std::unique_ptr<Scorer> clone() const = 0;
-  // Slots scored at or above this at an event are pinned: recall's exchanges (compress/recall.h) never
-  // displace them until the next event. +inf (the default): nothing is pinned. TriSpan pins its spans
+  // Slots scored at or above this at an event are pinned: until the next event, recall's exchanges
+  // (compress/recall.h) displace them only for a page that outweighs RecallConfig::pin_override_share. +inf (the default): nothing is pinned. TriSpan pins its spans
   // (whole lines it keeps for their structure), which a single query's attention does not see the use of.
   virtual float pin_score() const { return std::numeric_limits<float>::infinity(); }
 };

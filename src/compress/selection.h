@@ -14,8 +14,9 @@ struct Protection {
   // Slots whose original position is below this are protected (protect-prompt); positions are passed
   // to select_keep when it is non-zero.
   int32_t prompt_end = 0;
-  // Positions (sorted) that recall's exchanges must not displace: the slots the policy pinned at its last
-  // event (Scorer::pin_score). Compression itself ignores it.
+  // Positions (sorted) that recall's exchanges displace only for a page whose share reaches
+  // RecallConfig::pin_override_share: the slots the policy pinned at its last event (Scorer::pin_score).
+  // Compression itself ignores it.
   std::span<const int32_t> pinned;
 };
 

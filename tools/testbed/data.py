@@ -20,6 +20,11 @@ KNOWN_TASKS = TASKS + ("walk",)  # walk: the decode regime (a long answer; no ex
 HARNESS_NEEDLES = 4  # needles per needle prompt in `kvpack eval tasks` (gen-tasks --needles default)
 HARNESS_CHAINS = 2  # variable chains per vartrack prompt in `kvpack eval tasks` (gen-tasks --chains default)
 CHUNK = 128
+# walk: chunks of WALK_CHUNK samples, each with its own count drawn from WALK_COUNTS (gen-tasks --walk-count):
+# one count per context (eval's default, ctx / 16) taught the tbw runs a fixed number instead of a copy of the
+# question's (docs/testbed.md §12).
+WALK_CHUNK = 8
+WALK_COUNTS = (8, 160)
 
 
 def stable_seed(*parts):
@@ -117,9 +122,11 @@ def tokenize_task(bpe, j, n_extra=0, max_len=None):
 
 
 def run_gen_tasks(kvpack, model_gguf, task, n, ctx, seed, out, filler=None, needles=HARNESS_NEEDLES,
-                  chains=HARNESS_CHAINS):
+                  chains=HARNESS_CHAINS, walk_count=0):
     cmd = [kvpack, "eval", "gen-tasks", "-m", model_gguf, "--task", task, "--n", str(n), "--ctx", str(ctx),
            "--seed", str(seed), "--out", out]
+    if walk_count:
+        cmd += ["--walk-count", str(walk_count)]
     if filler:
         cmd += ["--filler", filler]
     if needles != HARNESS_NEEDLES:
@@ -149,12 +156,13 @@ class TaskData:
         self._chunks = {}
         os.makedirs(cache_dir, exist_ok=True)
 
-    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=HARNESS_NEEDLES, chains=HARNESS_CHAINS):
+    def _load_or_gen(self, name, task, n, ctx, seed, filler, needles=HARNESS_NEEDLES, chains=HARNESS_CHAINS,
+                     walk_count=0):
         path = os.path.join(self.dir, name + ".jsonl")
         if not os.path.exists(path):
             tmp = path + ".tmp"
             run_gen_tasks(self.kvpack, self.tok_gguf, task, n, ctx, seed, tmp, self.filler if filler else None,
-                          needles, chains)
+                          needles, chains, walk_count)
             os.replace(tmp, path)
         with open(path) as f:
             return [json.loads(line) for line in f]
@@ -177,8 +185,12 @@ class TaskData:
         chains = self.train_chains if task == "vartrack" else HARNESS_CHAINS
         gctx = gen_ctx(task, ctx, self.n_extra, needles, chains)
         tag = (f"-k{needles}" if needles != HARNESS_NEEDLES else "") + (f"-ch{chains}" if chains != HARNESS_CHAINS else "")
-        js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task, CHUNK,
-                               gctx, gseed, filler, needles, chains)
+        walk_count = 0
+        if task == "walk":
+            walk_count = WALK_COUNTS[0] + gseed % (WALK_COUNTS[1] - WALK_COUNTS[0] + 1)
+            tag += f"-w{walk_count}"
+        js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task,
+                               chunk_size(task), gctx, gseed, filler, needles, chains, walk_count)
         out = []
         for j in js:
             if int(j["seed"]) in self.heldout_seeds or hashlib.sha1(j["prompt"].encode()).hexdigest() in self.heldout_prompts:
@@ -195,11 +207,12 @@ class TaskData:
         ck = f"{task}/{ctx}/{int(filler)}"
         i = cursors.get(ck, 0)
         while True:
-            chunk = self.train_chunk(task, ctx, filler, i // CHUNK)
-            if i % CHUNK < len(chunk):
+            c = chunk_size(task)
+            chunk = self.train_chunk(task, ctx, filler, i // c)
+            if i % c < len(chunk):
                 cursors[ck] = i + 1
-                return chunk[i % CHUNK]
-            i = (i // CHUNK + 1) * CHUNK
+                return chunk[i % c]
+            i = (i // c + 1) * c
 
 
 # Contexts gen-tasks accepts with the 4096-token BPE (measured: needle 138, vartrack 203, pointer 193) + margin.
@@ -209,9 +222,15 @@ NEEDLE_LINE_TOKENS = 20  # room per needle beyond the harness's 4 (a line is 13-
 CHAIN_TOKENS = 60  # room per vartrack chain beyond the harness's 2 (5 lines of 8-11 tokens)
 
 
+def chunk_size(task):
+    return WALK_CHUNK if task == "walk" else CHUNK
+
+
 def gen_ctx(task, ctx, n_extra, needles=HARNESS_NEEDLES, chains=HARNESS_CHAINS):
     """Context at which training prompts are generated for a training row of ctx tokens: smaller by the room the
-    extra questions need (at short contexts some extras are dropped instead)."""
+    extra questions need (at short contexts some extras are dropped instead; walk has none)."""
+    if task == "walk":
+        return ctx
     least = MIN_GEN_CTX[task] + NEEDLE_LINE_TOKENS * (needles - HARNESS_NEEDLES) + CHAIN_TOKENS * (chains - HARNESS_CHAINS)
     return min(ctx, max(ctx - EXTRA_TOKENS * n_extra, least))
 
