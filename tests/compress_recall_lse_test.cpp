@@ -252,14 +252,14 @@ TEST(RecallExchange, PinnedPositionsNeverGoDown) {
 }
 
 // RecallConfig::pin_override_share: a page whose exact share reaches it may displace pinned slots. With
-// every hot position pinned, a check exchanges nothing with the override at +inf; with it at the read
-// threshold (every candidate qualifies) an identical copy exchanges as a check without pins does, the
-// stream lengths unchanged.
+// every hot position pinned, a check exchanges nothing with the override at +inf, nor with it at the read
+// threshold (every candidate qualifies) and checks 16 tokens apart; with that override and a check every
+// token an identical copy exchanges as a check without pins does, the stream lengths unchanged.
 TEST(RecallExchange, APageThatOutweighsTheOverrideDisplacesPinnedSlots) {
   for (uint64_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE(seed);
     const size_t n_streams = static_cast<size_t>(kLayers) * kKvHeads;
-    State a(seed), b(seed), c(seed);
+    State a(seed), b(seed), c(seed), d(seed);
     const auto before = a.hot_positions();
     std::vector<compress::Protection> open(n_streams, compress::Protection{4, 8, 0}), all_pinned = open;
     for (size_t s = 0; s < n_streams; ++s) all_pinned[s].pinned = before[s];  // sorted: slots are in position order
@@ -273,6 +273,11 @@ TEST(RecallExchange, APageThatOutweighsTheOverrideDisplacesPinnedSlots) {
     EXPECT_EQ(b.hot_positions(), before);
     compress::RecallConfig cfg = recall_config();
     cfg.pin_override_share = cfg.min_share;
+    cfg.every = 16;  // checks 16 tokens apart: a displaced span could not come back in time; pins hold
+    compress::Recall rd(cfg, model_config());
+    EXPECT_EQ(rd.run(*d.kv, *d.cold, d.queries, all_pinned, 1, nullptr), 0);
+    EXPECT_EQ(d.hot_positions(), before);
+    cfg.every = 1;
     compress::Recall rc(cfg, model_config());
     EXPECT_EQ(rc.run(*c.kv, *c.cold, c.queries, all_pinned, 1, nullptr), unpinned);
     EXPECT_EQ(c.hot_positions(), a.hot_positions());

@@ -90,8 +90,8 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
                  "A cold page is read and recalled when it could hold this share of the hot attention mass")
       ->check(CLI::Range(1e-6, 1.0));
   cmd.add_option("--kv-recall-pin-override", o.recall_pin_override,
-                 "A recalled page whose attention share reaches this (1: as much as the whole hot set) may displace the slots "
-                 "the policy pinned (trispan's spans); 0: the default (1)")
+                 "With --kv-recall-every 1: a recalled page whose attention share reaches this (1: as much as the whole hot set) "
+                 "may displace the slots the policy pinned (trispan's spans); 0: the default (1)")
       ->check(CLI::Range(0.0, 1e6));
   cmd.add_option("--kv-calib", o.calib, "TriAttention calibration file (from `kvpack calibrate`; used by trispan when given; triattention without it: "
                  "computed once on built-in text and cached in $XDG_CACHE_HOME/kvpack or ~/.cache/kvpack)")

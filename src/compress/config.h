@@ -27,11 +27,13 @@ struct RecallConfig {
   int32_t rows = 1;         // query rows scored at the decode-time checks
   int32_t max_pages = 4;    // cold pages read per stream per check
   float min_share = 0.02f;  // a page is read / recalled when it could hold this share of the hot mass
-  // A page whose exact share reaches this (1: as much attention as the whole hot set, for one query vector)
-  // may displace slots the policy pinned (Scorer::pin_score; after the unpinned ones): the current query
-  // needs it beyond doubt. +inf: pins never yield. Testbed, TriSpan at 10 %, a check every token
-  // (docs/quality.md "What to switch on"): 1 gave Austen 100 / 92 / 86 % against 80 % pointer with +inf,
-  // built-in 100 / 94 / 92 against 94; 0.25 gave 100 / 90 / 88 on Austen.
+  // With a check every token (every == 1) only: a page whose exact share reaches this (1: as much attention
+  // as the whole hot set, for one query vector) may displace slots the policy pinned (Scorer::pin_score;
+  // after the unpinned ones): the current query needs it beyond doubt, and a span it displaces that the
+  // next token needs comes back at the next check. +inf: pins never yield. Testbed, TriSpan at 10 %
+  // (docs/quality.md "What to switch on"): every 1, 1 gave Austen 100 / 92 / 86 % against 80 % pointer with
+  // +inf, built-in 100 / 94 / 92 against 94; with the default every 16 it gave 98 / 0 / 0 and 100 / 26 / 16
+  // (spans displaced for 15 tokens), hence ignored there.
   float pin_override_share = 1.0f;
   bool bring_back = true;   // false: measure the drift only (pages are read, nothing is exchanged)
   // Drift guard (0 = off): a check whose drift estimate exceeds it is repeated reading every cold page;

@@ -266,11 +266,13 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     (std::binary_search(prot.pinned.begin(), prot.pinned.end(), p) ? pinned : eligible).push_back(j);
   }
   // Victims are taken from the front, at most as many as the candidates hold: order only that far.
+  // Pins yield only when the next check is the next token (RecallConfig::pin_override_share).
+  const double override_share = cfg_.every == 1 ? cfg_.pin_override_share : std::numeric_limits<double>::infinity();
   size_t wanted = 0;
   bool strong = false;
   for (const Candidate& c : recall) {
     wanted += static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
-    strong = strong || c.share >= cfg_.pin_override_share;
+    strong = strong || c.share >= override_share;
   }
   const auto by_score = [&](int32_t a, int32_t b) {
     return w.slot_max[static_cast<size_t>(a)] < w.slot_max[static_cast<size_t>(b)] || (w.slot_max[static_cast<size_t>(a)] == w.slot_max[static_cast<size_t>(b)] && a < b);
@@ -287,7 +289,7 @@ double Recall::settle_stream(kv::SequenceKv& kv, kv::EvictedKv& cold, int32_t s,
     const size_t need = static_cast<size_t>(cold.pages(s)[static_cast<size_t>(c.page)].n_slots);
     const size_t from_free = std::min(need, eligible.size() - next_free);
     const size_t from_pinned = need - from_free;
-    if (from_pinned > 0 && (c.share < cfg_.pin_override_share || next_pinned + from_pinned > pinned.size())) {
+    if (from_pinned > 0 && (c.share < override_share || next_pinned + from_pinned > pinned.size())) {
       if (!strong) break;  // nothing may take pinned slots: no later page fits either (as without pins)
       continue;
     }

@@ -12,8 +12,8 @@
 //      `min_share` and whose best slot beats the worst unprotected hot slot comes back, that many
 //      lowest-scoring unprotected hot slots going down to the cold tier in its place (the hot length is
 //      unchanged; token order is kept: kv::SequenceKv::splice_stream merges by position). Slots the policy
-//      pinned (Protection::pinned) go down only for a page whose exact share reaches pin_override_share,
-//      after the unpinned ones;
+//      pinned (Protection::pinned) go down only with a check every token, for a page whose exact share
+//      reaches pin_override_share, after the unpinned ones;
 //   4. drift: for each query row and head, D = E / (H + E), with H = 1 (hot mass relative to itself) and
 //      E the evicted mass relative to it — exact for the pages read, the digest bound for the others; a
 //      stream's drift is the largest D over its rows and heads, a check's the mean over streams. The
