@@ -27,6 +27,11 @@ WALK_CHUNK = 8
 WALK_COUNTS = (8, 160)
 
 
+def walk_count_for(gseed):
+    """The count of a walk chunk, from its gen-tasks seed."""
+    return WALK_COUNTS[0] + gseed % (WALK_COUNTS[1] - WALK_COUNTS[0] + 1)
+
+
 def stable_seed(*parts):
     h = hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
     return int(h[:15], 16)
@@ -187,7 +192,7 @@ class TaskData:
         tag = (f"-k{needles}" if needles != HARNESS_NEEDLES else "") + (f"-ch{chains}" if chains != HARNESS_CHAINS else "")
         walk_count = 0
         if task == "walk":
-            walk_count = WALK_COUNTS[0] + gseed % (WALK_COUNTS[1] - WALK_COUNTS[0] + 1)
+            walk_count = walk_count_for(gseed)
             tag += f"-w{walk_count}"
         js = self._load_or_gen(f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}", task,
                                chunk_size(task), gctx, gseed, filler, needles, chains, walk_count)
