@@ -149,7 +149,7 @@ void add_tasks(CLI::App& eval) {
   cmd->add_option("--task", *task, "needle, vartrack, pointer, walk (the decode regime), a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
   auto walk_count = std::make_shared<int32_t>(0);
-  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: ctx / 16)")->check(CLI::Range(0, eval::kWalkCountMax));
+  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: the task's fixed 128)")->check(CLI::Range(0, eval::kWalkCountMax));
   cmd->add_option("--seed", *seed, "Generator seed");
   cmd->add_option("--filler", *filler, "Filler text file (sentences are used as haystack lines; default: built-in)")
       ->check(CLI::ExistingFile);
@@ -239,7 +239,7 @@ void add_gen_tasks(CLI::App& eval) {
   cmd->add_option("--task", *task, "needle, vartrack, pointer, walk, a comma-separated list, or all (= needle,vartrack,pointer)");
   cmd->add_option("--n", *n, "Samples per task")->check(CLI::PositiveNumber);
   auto walk_count = std::make_shared<int32_t>(0);
-  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: ctx / 16)")
+  cmd->add_option("--walk-count", *walk_count, "walk: where the count down starts (0: the task's fixed 128)")
       ->check(CLI::Range(0, eval::kWalkCountMax));
   cmd->add_option("--ctx", *ctx, "Target length of prompt + answer + margin, in tokens of the model's tokenizer (bytes with --chars)")
       ->required()
