@@ -445,8 +445,8 @@ class Run:
 
     def check(self, gguf):
         prompts = []
-        for t in self.task_list:  # walk needs more room than the others' 256 tokens
-            js = run_gen_tasks(self.kvpack, gguf, t, 1, 512 if t == "walk" else 256, 4242,
+        for t in self.task_list:  # walk's fixed count of 128 needs ~620 tokens; the others fit 256
+            js = run_gen_tasks(self.kvpack, gguf, t, 1, 768 if t == "walk" else 256, 4242,
                                os.path.join(self.a.out, "check_task.jsonl"))
             prompts.append(js[0]["prompt"])
         text = self.bpe.decode(self.val_ids[:60000].tolist())
