@@ -4,6 +4,8 @@
 # server path (`kvpack eval tasks`, which drives the batching scheduler). Refactors must leave them
 # byte-identical: tests/data/golden_greedy.txt was recorded from the binary before the refactor that
 # introduced it ("One request path"), and ctest runs `check` against it.
+# The testbed blocks were re-recorded on 2026-12-07 when the embedded model became tbw9 (docs/testbed.md §12);
+# the stories260K blocks are the original recording, unchanged.
 #
 #   scripts/golden_greedy.sh record KVPACK SHARED_DIR > tests/data/golden_greedy.txt
 #   scripts/golden_greedy.sh check  KVPACK SHARED_DIR tests/data/golden_greedy.txt
