@@ -54,7 +54,7 @@ for filler in sorted(cells):
     tasks = [t["task"] for t in (full or next(iter(runs.values())))[0]["tasks"]]
     print(f"\n### Filler: {filler}\n")
     print("| configuration | schedule | budget | " + " | ".join(tasks) +
-          " | worst task vs full | peak hot KV | cold bytes / request (max) | digests / request (max) |"
+          " | worst task vs full | peak hot KV | cold bytes written / request (max) | digests / request (max) |"
           " pages recalled / request | fell back | seconds |")
     print("|---|---|---|" + "---:|" * (len(tasks) + 7))
     for cell in sorted(runs, key=order):
