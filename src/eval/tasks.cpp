@@ -367,8 +367,9 @@ Task make_task(TaskKind kind, int32_t ctx_tokens, uint64_t seed, const Tokenizer
     throw std::invalid_argument("chains must be in [" + std::to_string(kChainsMin) + ", " + std::to_string(kChainsMax) +
                                 "], got " + std::to_string(opt.chains));
   if (opt.walk_count != 0 && (opt.walk_count < kWalkCountMin || opt.walk_count > kWalkCountMax))
-    throw std::invalid_argument("walk count must be 0 (the default, " + std::to_string(kWalkCountDefault) + ") or in [" + std::to_string(kWalkCountMin) + ", " +
-                                std::to_string(kWalkCountMax) + "], got " + std::to_string(opt.walk_count));
+    throw std::invalid_argument("walk count must be 0 (the default, " + std::to_string(kWalkCountDefault) + ") or in [" +
+                                std::to_string(kWalkCountMin) + ", " + std::to_string(kWalkCountMax) + "], got " +
+                                std::to_string(opt.walk_count));
   const int32_t walk_count = opt.walk_count != 0 ? opt.walk_count : kWalkCountDefault;
   Rng r(mix(seed) ^ mix(kind_tag(kind)));
   const Skeleton sk = make_skeleton(kind, r, opt, walk_count);

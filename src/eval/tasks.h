@@ -18,9 +18,9 @@
 //   walk      the decode regime (not in "all"): link lines as in pointer; the answer walks 4 links from the
 //             start node, counts down from K to 0 (K = 128, a fixed part of the task: ~420 answer tokens), and
 //             repeats the answer line: " B -> C -> D -> E. Then count down from 128: 128, ..., 1, 0. Answer:
-//             A -> B -> C -> D -> E". The repeat copies what the model itself wrote ~390 tokens earlier (each count
-//             depends only on the one before it), so compression during decode decides it: the regime TriAttention was designed for
-//             (long generation whose early tokens matter again later).
+//             A -> B -> C -> D -> E". The repeat copies what the model itself wrote ~390 tokens earlier (each
+//             count depends only on the one before it), so compression during decode decides it: the regime
+//             TriAttention was designed for (long generation whose early tokens matter again later).
 // The prompt ends right before the answer (no trailing space); the answer starts with a space.
 // Scoring: whitespace is removed from both strings and the generation must start with the answer.
 //
