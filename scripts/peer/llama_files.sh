@@ -5,7 +5,7 @@
 # KL(llama.cpp || kvpack) over the same token ids, one markdown row per type.
 #   scripts/peer/llama_files.sh [--check] [--skip-without-tools] [--text FILE] [--ctx N] [--chunks N] MODEL.gguf OUTDIR [TYPE...]
 # Default types: Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K Q8_0 IQ4_XS. --check fails (exit 1) if a file does not
-# load or misses its bar: the unquantised source top-1 >= 99.9 % and mean KL <= 1e-5; quantised files mean
+# load or misses its bar: the unquantised source top-1 >= 99.8 % and mean KL <= 1e-5; quantised files mean
 # KL <= 1.5e-3 and top-1 >= 96 % (why not 99.9 % / 1e-3: below, and docs/performance.md §1c). Tools: $KVPACK_LLAMA_TOOLS, else
 # build-llama/build/bin when built, else built now with scripts/peer/build_llama_tools.sh (or, with
 # --skip-without-tools, exit 77: the ctest's "skipped"); kvpack: $KVPACK (default build/kvpack).
@@ -61,8 +61,10 @@ r = json.loads(os.environ["PARITY_JSON"])
 # on tbw9 (the testbed model since 2026-12-07) at 8.8e-4-1.06e-3 / 96.7-97.5 %, where llama.cpp against itself
 # reaches 6.7e-4 / 97.4 % (Q2_K). A codec error is far above either: the Q6_K file's own quantisation error
 # (its logits against the F16 source's, both llama.cpp) is 2.8e-3 / 95.1 %, Q2_K's 8.1e-2 / 80.3 %.
+# The source's bar is its KL (tbw9: 3.3e-7); its top-1 floor allows a few near-ties (tbw9 sits at 2042 of 2044,
+# 99.90 %, where the old floor of 99.9 % left no room for one more).
 if t == "source":
-    ok = r["top1"] >= 0.999 and r["mean_kl"] <= 1e-5
+    ok = r["top1"] >= 0.998 and r["mean_kl"] <= 1e-5
 else:
     ok = r["top1"] >= 0.96 and r["mean_kl"] <= 1.5e-3
 print(f"| {os.path.basename(f)} | {t} | {os.path.getsize(f)} | {r['positions']} | {100 * r['top1']:.2f} % | "
