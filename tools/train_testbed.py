@@ -34,7 +34,7 @@ from testbed.bpe import BPE, train_bpe  # noqa: E402
 from testbed.cli import parse_stages  # noqa: E402
 from testbed.cli import parse_args as parse_cli  # noqa: E402
 from testbed.check import check_gguf  # noqa: E402
-from testbed.data import CHUNK, KNOWN_TASKS, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
+from testbed.data import CHUNK, KNOWN_TASKS, MIN_GEN_CTX, TASKS, TaskData, copy_pools, copy_row, run_gen_tasks  # noqa: E402
 from testbed.export import write_gguf  # noqa: E402
 from testbed.gguf_reader import read_gguf  # noqa: E402
 from testbed.model import Config, Model, digit_parts_for, is_number_token, load_exported  # noqa: E402
@@ -445,8 +445,8 @@ class Run:
 
     def check(self, gguf):
         prompts = []
-        for t in self.task_list:  # walk's fixed count of 128 needs ~620 tokens; the others fit 256
-            js = run_gen_tasks(self.kvpack, gguf, t, 1, 768 if t == "walk" else 256, 4242,
+        for t in self.task_list:  # 256 tokens fit every task but walk (its long answer)
+            js = run_gen_tasks(self.kvpack, gguf, t, 1, max(256, MIN_GEN_CTX[t]), 4242,
                                os.path.join(self.a.out, "check_task.jsonl"))
             prompts.append(js[0]["prompt"])
         text = self.bpe.decode(self.val_ids[:60000].tolist())

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train_testbed as tt  # noqa: E402
-from testbed.data import HARNESS_CHAINS, HARNESS_NEEDLES, chunk_size, gen_ctx, stable_seed, walk_count_for  # noqa: E402
+from testbed.data import HARNESS_CHAINS, HARNESS_NEEDLES, WALK_COUNT, chunk_size, gen_ctx, stable_seed  # noqa: E402
 
 
 def main():
@@ -52,7 +52,7 @@ def main():
         for k in range(math.ceil(n / chunk_size(task)) + margin):
             gseed = stable_seed("train", td.run_seed, task, C, int(filler), k)
             gctx = gen_ctx(task, C, td.n_extra)
-            wc = walk_count_for(gseed) if task == "walk" else 0
+            wc = WALK_COUNT if task == "walk" else 0
             tag = f"-w{wc}" if wc else ""
             name = f"train-{task}{tag}-c{gctx}-{'austen' if filler else 'builtin'}-{k}"
             todo.append((name, task, chunk_size(task), gctx, gseed, filler, HARNESS_NEEDLES, HARNESS_CHAINS, wc))
