@@ -301,15 +301,16 @@ TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
       EXPECT_LE(rs.exact_tv_max, 1.0);
     }
   }
-  // A pool with no room for the copy: every check is counted as skipped, and the output is unchanged.
+  // A check that cannot see every KV is counted as skipped, and the output is unchanged: a cold tier too
+  // small for the evicted pages drops the oldest (those pages are lost). (The check attends the cold pages
+  // where they are read: the pool only has to hold the fork's newest token, one page per stream.)
   Request r = request(prompt, 20, compress::PolicyKind::KNorm);
   r.kv.recall.enabled = true;
   r.kv.recall.bring_back = false;
   r.kv.recall.exact = true;
   r.kv.recall.every = 4;
   EngineOptions eo;
-  eo.kv_cold = "host:64M";
-  eo.kv_pages = kStreams * 7;  // the hot set fits, a whole-context copy beside it does not
+  eo.kv_cold = "host:4K";
   SchedulerOptions so;
   so.prefix_cache = false;
   int64_t left = -1;
@@ -318,6 +319,36 @@ TEST_F(SwapTest, TheExactDriftCheckRecomputesOverEveryKvAndChangesNothing) {
   EXPECT_EQ(o.stats.compression.recall.exact_checks + o.stats.compression.recall.exact_skipped, o.stats.compression.recall.checks);
   EXPECT_EQ(o.text, solo(request(prompt, 20, compress::PolicyKind::KNorm), false));
   EXPECT_EQ(left, 0);
+}
+
+// RecallConfig::exact_every: exact checks right after prefill and then every N decode steps, whatever the
+// recall cadence; the output does not change.
+TEST_F(SwapTest, TheExactCheckRunsAfterPrefillAndEveryNStepsOfItsOwn) {
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += kPrompts[static_cast<size_t>(i)] + ". ";
+  Request r = request(prompt, 40, compress::PolicyKind::KNorm);
+  r.kv.budget = 40;
+  r.kv.recall.enabled = true;
+  r.kv.recall.bring_back = false;
+  r.kv.recall.every = 4;
+  r.kv.recall.exact = true;
+  EngineOptions eo;
+  eo.kv_cold = "host:64M";
+  SchedulerOptions so;
+  so.prefix_cache = false;
+  const Outcome every_check = alone(r, eo, so);
+  r.kv.recall.exact_every = 16;  // samples 0, 16, 32 of 40
+  const Outcome own = alone(r, eo, so);
+  r.kv.recall.exact_every = 1 << 20;  // after prefill only
+  const Outcome once = alone(r, eo, so);
+  EXPECT_EQ(every_check.stats.compression.recall.exact_checks, every_check.stats.compression.recall.checks);
+  EXPECT_EQ(own.stats.compression.recall.exact_checks, 3);
+  EXPECT_EQ(once.stats.compression.recall.exact_checks, 1);
+  EXPECT_EQ(own.stats.compression.recall.checks, every_check.stats.compression.recall.checks);  // recall's own cadence
+  EXPECT_EQ(own.text, every_check.text);
+  EXPECT_EQ(once.text, every_check.text);
+  // The first check of each is the same one (after prefill, the same KV): the same first total variation.
+  EXPECT_EQ(once.stats.compression.recall.exact_tv_first, every_check.stats.compression.recall.exact_tv_first);
 }
 
 // The exact guard at its most sensitive (any change of the next-token distribution): the first check

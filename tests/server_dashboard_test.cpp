@@ -57,13 +57,15 @@ class DashboardTest : public test::StoriesModelTest {};
 
 // An engine with `eo` behind a real server on a loopback port, and a client for it.
 struct LoopbackServer {
-  LoopbackServer(const Model& model, const EngineOptions& eo) : engine(model, eo), srv(engine, options()), cli("127.0.0.1", srv.start()) {
+  LoopbackServer(const Model& model, const EngineOptions& eo, const compress::CompressConfig& default_kv = {})
+      : engine(model, eo), srv(engine, options(default_kv)), cli("127.0.0.1", srv.start()) {
     cli.set_read_timeout(120, 0);
   }
-  static server::ServerOptions options() {
+  static server::ServerOptions options(const compress::CompressConfig& default_kv) {
     server::ServerOptions opt;
     opt.host = "127.0.0.1";
     opt.port = 0;
+    opt.default_kv = default_kv;
     return opt;
   }
   Engine engine;
@@ -154,6 +156,45 @@ TEST_F(DashboardTest, TheExactDriftCheckIsReportedPerRequestAndAsMetrics) {
   ASSERT_NE(at, std::string::npos) << metrics;
   EXPECT_GE(std::stod(metrics.substr(at + key.size())), 2.0);  // at least the end-of-prefill check of each request
   EXPECT_NE(metrics.find("kvpack_kv_guard_fallbacks_total{policy=\"knorm\"} "), std::string::npos);
+}
+
+// A server whose default compression has the exact check and its guard on (`kvpack serve --kv-guard-exact`):
+// a request can turn them off (kv_drift_exact: false, no check at all; kv_guard_exact: false, the check
+// without the guard) and choose the check's cadence (kv_drift_exact_every; out of range is a 400).
+TEST_F(DashboardTest, ARequestCanTurnOffTheServersExactCheckAndSetItsCadence) {
+  EngineOptions eo;
+  eo.threads = 1;
+  eo.kv_cold = "host:64M";
+  compress::CompressConfig def;
+  def.policy = compress::PolicyKind::KNorm;
+  def.budget = 48;
+  def.interval = 16;
+  def.recall.enabled = true;
+  def.recall.bring_back = false;
+  def.recall.exact = true;
+  def.recall.exact_guard = compress::kExactGuardTv;
+  LoopbackServer server(*model_, eo, def);
+  httplib::Client& cli = server.cli;
+  auto usage_of = [&](const json& req) {
+    auto r = cli.Post("/v1/completions", req.dump(), "application/json");
+    EXPECT_EQ(r->status, 200) << r->body;
+    return json::parse(r->body)["usage"]["kvpack"];
+  };
+  const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 120}, {"temperature", 0}, {"ignore_eos", true}};
+  EXPECT_GE(usage_of(base)["exact_tv"].get<double>(), 0.0);  // the server's default: checked
+  json off = base;
+  off["kv_drift_exact"] = false;
+  const json u = usage_of(off);
+  EXPECT_GT(u["evicted_tokens"].get<int64_t>(), 0);  // still compressed
+  EXPECT_EQ(u["exact_tv"].get<double>(), -1.0);      // no check ran
+  EXPECT_EQ(u["guard_fallbacks"].get<int64_t>(), 0);
+  json every = base;
+  every["kv_guard_exact"] = false;
+  every["kv_drift_exact_every"] = 1 << 20;  // right after prefill only
+  EXPECT_GE(usage_of(every)["exact_tv"].get<double>(), 0.0);
+  every["kv_drift_exact_every"] = -1;
+  EXPECT_EQ(cli.Post("/v1/completions", every.dump(), "application/json")->status, 400);
+  server.srv.stop();
 }
 
 TEST(DashboardQueries, MetricNamesSkipLabelsAndFunctions) {

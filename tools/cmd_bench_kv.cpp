@@ -32,6 +32,7 @@
 #include "compress/compressor.h"
 #include "kv/evicted_kv.h"
 #include "engine/calibrate.h"
+#include "engine/exact_check.h"
 #include "options.h"
 #include "util/half.h"
 #include "util/progress.h"
@@ -48,6 +49,7 @@ struct BenchKvOptions {
   uint64_t seed = 1;
   bool recall = false;
   int32_t recall_every = 16, recall_pages = 4;
+  int32_t exact_every = 0;  // with --recall: a fourth variant with the exact drift check every N steps (0: none)
 };
 
 struct Timeline {
@@ -142,6 +144,7 @@ class ColdDecode {
     first_recall_s = cs_.stats().recall.seconds - at0.recall.seconds;
     before = cs_.stats();
     recomputed_before = recomputed;
+    timed_ = true;
   }
   void decode(int32_t n) {
     const double t0 = now_s();
@@ -153,9 +156,13 @@ class ColdDecode {
   const kv::EvictedStats* evicted() const { return evicted_ ? &evicted_->stats() : nullptr; }
   double tok_s() const { return tokens / seconds; }
   // Compression events (scoring + compaction) + recall checks during the timed decode.
-  double overhead_s() const { return (stats().seconds - before.seconds) + (stats().recall.seconds - before.recall.seconds); }
+  double overhead_s() const {
+    return (stats().seconds - before.seconds) + (stats().recall.seconds - before.recall.seconds) + exact_seconds;
+  }
 
   double seconds = 0, first_s = 0, first_recall_s = 0;
+  double exact_seconds = 0;  // exact drift checks in the timed decode
+  int64_t exact_checks = 0;
   int64_t tokens = 0;
   int64_t recomputed = 0, recomputed_before = 0;  // tokens decoded again after a check recalled; before the timed decode
   compress::CompressionStats before;  // at the start of the timed decode
@@ -172,6 +179,18 @@ class ColdDecode {
         engine_.runner().decode_greedy(*seq_, history_[j], logits_.data(), &cs_);
       cs_.before_sample(*seq_);  // the call after a recompute runs no check
     }
+    if (cs_.take_exact_check_due()) {  // as the scheduler does (engine/exact_check.h), timed on its own
+      const double t0 = now_s();
+      full_.resize(logits_.size());
+      if (exact_.over_all_kv(engine_, *seq_, tok_, cs_, full_.data()))
+        cs_.record_exact_check(*seq_, logits_.data(), full_.data(), static_cast<int32_t>(logits_.size()));
+      else
+        cs_.record_exact_skip();
+      if (timed_) {
+        exact_seconds += now_s() - t0;
+        ++exact_checks;
+      }
+    }
     tok_ = static_cast<int32_t>(std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
   }
 
@@ -183,6 +202,9 @@ class ColdDecode {
   std::vector<float> logits_;
   std::vector<int32_t> history_;
   int32_t tok_ = 0;
+  ExactCheck exact_;
+  std::vector<float> full_;  // the exact check's logits
+  bool timed_ = false;       // past the first (untimed) token
 };
 
 }  // namespace
@@ -209,6 +231,10 @@ void add_bench_kv(CLI::App& bench) {
   cmd->add_option("--recall-every", b->recall_every, "With --recall: decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--recall-pages", b->recall_pages, "With --recall: cold pages read per (layer, KV head) per check")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--exact-every", b->exact_every,
+                  "With --recall: also a variant with the exact drift check (one step over every KV, hot and cold) every N "
+                  "decode steps, and its share of decode time (0: none)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->callback([o, b] {
     if (b->chunk > b->interval) throw std::invalid_argument("--chunk must be <= --interval");
     if (b->recall && o->kv_cold.empty()) throw std::invalid_argument("--recall needs a cold tier (--kv-cold host:BYTES or dir:PATH:BYTES)");
@@ -220,7 +246,7 @@ void add_bench_kv(CLI::App& bench) {
     for (int32_t d : b->depths) max_depth = std::max(max_depth, d);
     EngineOptions eo = engine_options(*o);
     eo.kv_pages = streams * ((max_depth + 256 + ps - 1) / ps + 2);
-    if (b->recall) eo.kv_pages += 3 * streams * ((b->budget + b->interval + 64 + ps - 1) / ps + 2);  // the --recall variants, side by side
+    if (b->recall) eo.kv_pages += 4 * streams * ((b->budget + b->interval + 64 + ps - 1) / ps + 2);  // the --recall variants, side by side
     eo.max_batch_tokens = std::max(eo.max_batch_tokens, b->chunk);
     Engine engine(*model, eo);
     std::filesystem::create_directories(b->out);
@@ -307,10 +333,18 @@ void add_bench_kv(CLI::App& bench) {
         ColdDecode plain(engine, depth, kv, false, sd);
         ColdDecode down(engine, depth, kv, true, sd);
         ColdDecode rec(engine, depth, with, true, sd);
+        std::unique_ptr<ColdDecode> exact;
+        if (b->exact_every > 0) {
+          compress::CompressConfig ex = with;
+          ex.recall.exact = true;
+          ex.recall.exact_every = b->exact_every;
+          exact = std::make_unique<ColdDecode>(engine, depth, ex, true, sd);
+        }
         const int32_t rounds = std::max(1, std::min(8, b->decode_tokens / 32));
         for (int32_t r = 0; r < rounds; ++r) {
           const int32_t n = b->decode_tokens / rounds + (r < b->decode_tokens % rounds ? 1 : 0);
-          for (ColdDecode* d : {&plain, &down, &rec}) d->decode(n);
+          for (ColdDecode* d : {&plain, &down, &rec, exact.get()})
+            if (d != nullptr) d->decode(n);
         }
         compress::RecallStats rs = rec.stats().recall;  // the timed decode's checks only
         rs.checks -= rec.before.recall.checks;
@@ -339,6 +373,16 @@ void add_bench_kv(CLI::App& bench) {
                     1e3 * (a.recall.seconds - z.recall.seconds), 1e3 * (a.recall.score_seconds - z.recall.score_seconds),
                     1e3 * (a.recall.read_seconds - z.recall.read_seconds), 1e3 * (a.recall.measure_seconds - z.recall.measure_seconds),
                     1e3 * (a.recall.settle_seconds - z.recall.settle_seconds), static_cast<long long>(rec.recomputed - rec.recomputed_before));
+        if (exact) {
+          const compress::RecallStats& xs = exact->stats().recall;
+          std::printf("exact depth=%d: +recall+drift+exact check(every %d) %.2f tok/s, ratio exact/compressed %.3f; overhead "
+                      "(scoring+compaction+recall+drift+exact) %.2f%% of decode time; %lld exact checks in the timed decode, "
+                      "%.1f ms each, the checks alone %.2f%% of decode time; %lld skipped in all; largest TV %.3f\n",
+                      depth, b->exact_every, exact->tok_s(), exact->tok_s() / plain.tok_s(), 100.0 * exact->overhead_s() / exact->seconds,
+                      static_cast<long long>(exact->exact_checks),
+                      exact->exact_checks ? 1e3 * exact->exact_seconds / static_cast<double>(exact->exact_checks) : 0.0,
+                      100.0 * exact->exact_seconds / exact->seconds, static_cast<long long>(xs.exact_skipped), xs.exact_tv_max);
+        }
         std::fflush(stdout);
       }
       depth_progress.advance();

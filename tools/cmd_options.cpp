@@ -78,6 +78,9 @@ void add_kv_options(CLI::App& cmd, KvOptions& o) {
                "Exact guard (implies --kv-drift-exact): when a check's next-token distribution with every KV is "
                "--kv-guard-exact-tv away (total variation) from the compressed one, or its most likely token differs, the "
                "request falls back to full KV at once");
+  cmd.add_option("--kv-drift-exact-every", o.drift_exact_every,
+                 "Decode steps between exact checks (one always runs right after prefill); 0 = at every recall check")
+      ->check(CLI::Range(0, 1 << 20));
   cmd.add_option("--kv-guard-exact-tv", o.guard_exact_tv, "The exact guard's total-variation threshold")
       ->check(CLI::Range(1e-6, 1.0));
   cmd.add_option("--kv-recall-every", o.recall_every, "Decode steps between recall checks")->check(CLI::Range(1, 1 << 20));
@@ -123,6 +126,7 @@ compress::CompressConfig kv_config(const KvOptions& o, Engine& engine) {
   if (o.recall_pin_override > 0) c.recall.pin_override_share = o.recall_pin_override;
   c.recall.guard = o.guard;
   c.recall.exact = o.drift_exact || o.guard_exact;
+  c.recall.exact_every = o.drift_exact_every;
   c.recall.exact_guard = o.guard_exact ? o.guard_exact_tv : 0.0f;
   // Load the statistics first (when given) so that validate() sees them — whatever the default policy:
   // a server's requests may choose triattention / trispan per request (kv_policy) and need them then. A
@@ -181,7 +185,9 @@ EngineOptions engine_options(const ModelOptions& o) {
 
 EngineOptions engine_options(const ModelOptions& o, const KvOptions& kv) {
   EngineOptions e = engine_options(o);
-  if (kv.drift_exact || kv.guard_exact) e.contexts = 2;  // the exact drift check's scratch copy of a whole context
+  // The exact drift check of a model with sliding-window layers copies the evicted KV into a fork (a whole
+  // context beside the request; other models attend it where it is read). The pool is allocated lazily.
+  if (kv.drift_exact || kv.guard_exact) e.contexts = 2;
   return e;
 }
 

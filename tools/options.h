@@ -44,6 +44,7 @@ struct KvOptions {
   bool guard_exact = false;
   float guard_exact_tv = compress::kExactGuardTv;
   int32_t recall_every = 16;
+  int32_t drift_exact_every = 0;
   int32_t recall_pages = 4;
   int32_t recall_rows = 1;
   float recall_share = 0.02f;

@@ -124,8 +124,10 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
     return 0;
   }
   const int64_t n = samples_++;
-  if (n != 0 && n % std::max(1, cfg_.recall.every) != 0) return 0;
-  exact_due_ = cfg_.recall.exact && !fallen_back_;
+  const bool check = n == 0 || n % std::max(1, cfg_.recall.every) == 0;
+  const int32_t exact_every = cfg_.recall.exact_every;
+  exact_due_ = cfg_.recall.exact && !fallen_back_ && (exact_every > 0 ? n % exact_every == 0 : check);
+  if (!check) return 0;
   prot_scratch_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
   const int32_t rows = n == 0 ? cfg_.recall.prefill_rows : cfg_.recall.rows;

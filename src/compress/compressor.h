@@ -86,6 +86,8 @@ class SequenceCompressor : public ForwardObserver {
   // or that it could not (record_exact_skip).
   bool take_exact_check_due();
   bool copy_cold_into(kv::SequenceKv& fork);
+  // The evicted sink (nullptr: none): what the exact check attends in place (compress/cold_attend.h).
+  kv::EvictedKv* evicted() const { return evicted_; }
   // Returns how many of the newest tokens the caller must drop and compute again before sampling (as
   // before_sample): when the exact guard (RecallConfig::exact_guard) flags the check and restores full KV,
   // every token since the first compression event (whose KV was computed with keys missing).

@@ -44,6 +44,11 @@ struct RecallConfig {
   // scheduler computes the newest token once more over all of the request's KV (hot and cold, in a
   // scratch copy of the sequence) and compares next-token distributions (RecallStats::exact_*).
   bool exact = false;
+  // Decode steps between exact checks (0: at every recall check, the `every` above). A check always runs
+  // right after prefill, before the first token is sampled. Each check is one more decode step over the
+  // whole context (at 16K on the Qwen3-0.6B shape ~110 ms: docs/quality.md §4f), so its share of decode
+  // time is about (full-context step) / (exact_every x compressed step).
+  int32_t exact_every = 0;
   // Exact guard (0 = off; needs `exact`): a check whose next-token distribution with every KV is at least
   // this far (total variation) from the compressed one, or whose most likely token differs, sends the
   // request back to full KV at once (every cold page back, no more compression; every token since the

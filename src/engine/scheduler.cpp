@@ -589,17 +589,9 @@ int32_t Scheduler::exact_drift_check(Sequence& s, const float* lg, bool one_toke
   exact_logits_.resize(2 * static_cast<size_t>(n_vocab));
   float* full_row = exact_logits_.data();
   float* hot_row = full_row + n_vocab;
-  // The newest token once more over a fork of the sequence (its pages shared until written), optionally
-  // with every evicted page copied in first; the fork's pages go back to the pool at once.
+  // The newest token once more over every KV (engine/exact_check.h).
   auto recompute = [&](bool with_cold, float* out) {
-    std::unique_ptr<kv::SequenceKv> fork = kv_->fork_sequence(*s.kv, 0);
-    if (with_cold && !s.comp->copy_cold_into(*fork)) return false;
-    fork->truncate_tail(1);
-    BatchItem item;
-    item.kv = fork.get();
-    item.tokens = std::span<const int32_t>(&token, 1);
-    item.logits = out;
-    return engine_->runner().forward().run(std::span<BatchItem>(&item, 1));
+    return with_cold ? exact_.over_all_kv(*engine_, *s.kv, token, *s.comp, out) : exact_.over_hot_kv(*engine_, *s.kv, token, out);
   };
   bool ok = pos >= 0 && recompute(true, full_row);
   // A token computed in a multi-token step (the end of prefill) went through the batched kernels, which

@@ -36,6 +36,7 @@
 
 #include "compress/compressor.h"
 #include "engine/engine.h"
+#include "engine/exact_check.h"
 #include "engine/request.h"
 #include "engine/sequence.h"
 #include "engine/step_plan.h"
@@ -204,6 +205,7 @@ class Scheduler {
   kv::KvManager* kv_;
   SchedulerOptions opt_;
   std::vector<float> exact_logits_;  // exact_drift_check's logits row (scheduler thread only)
+  ExactCheck exact_;                 // exact_drift_check's second opinion (scheduler thread only)
 
   // Shared with other threads (guarded by mu_).
   mutable std::mutex mu_;

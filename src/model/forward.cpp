@@ -61,6 +61,7 @@ Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
   attn_scratch_per_thread_ = kernels::attention_scratch_floats(std::min(kAttnTokenBlock, max_batch_tokens), c.group(),
                                                                c.head_dim, kMaxPageSize);
   attn_scratch_.resize(attn_scratch_per_thread_ * static_cast<size_t>(pool.size()));
+  extra_scratch_.resize(static_cast<size_t>(c.group()) * (c.head_dim + 2) * static_cast<size_t>(pool.size()));
   if (c.swa_window > 0) {
     rope_cs_swa_.resize(T * static_cast<size_t>(c.rope_dims));
     window_scratch_per_thread_ = static_cast<size_t>(c.group()) * (c.head_dim + 2) + 2 * static_cast<size_t>(c.head_dim);
@@ -87,6 +88,8 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
       throw std::invalid_argument("forward: page size above " + std::to_string(kMaxPageSize));
     if (b.kv->pool().config().head_dim != c.head_dim || b.kv->n_layers() != c.n_layer || b.kv->n_kv_heads() != c.n_head_kv)
       throw std::invalid_argument("forward: KV cache shape does not match the model");
+    if (b.extra != nullptr && (n != 1 || c.swa_window > 0))
+      throw std::invalid_argument("forward: extra KV needs a one-token item and a model without sliding-window layers");
     pages_needed += b.kv->pages_needed(n);
     spans_.push_back({total, n, 0});
     total += n;
@@ -227,7 +230,10 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
     return batch[i].key_mass ? 1 : (spans_[i].n + kAttnTokenBlock - 1) / kAttnTokenBlock;
   };
   int32_t n_tasks = 0;
-  for (size_t i = 0; i < spans_.size(); ++i) n_tasks += c.n_head_kv * blocks_of(i);
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    n_tasks += c.n_head_kv * blocks_of(i);
+    if (batch[i].extra != nullptr) batch[i].extra->load_layer(layer);
+  }
   pool_->run(n_tasks, [&](int task, int thread) {
     size_t item = 0;
     int32_t idx = task;
@@ -270,9 +276,37 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
       a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
       if (b.attn_lse != nullptr && n == 1) a.lse = b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(head) * G;
       a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
+      float* part = extra_scratch_.data() + static_cast<size_t>(thread) * static_cast<size_t>(G) * (HD + 2);
+      if (b.extra != nullptr && a.lse == nullptr) a.lse = part + static_cast<size_t>(G) * (HD + 1);  // the hot part's lse
       kernels::paged_attention(view, a);
+      if (b.extra != nullptr) attend_extra(*b.extra, s, a, part);
     }
   });
+}
+
+void Forward::attend_extra(const ExtraKv& extra, int32_t stream, const kernels::AttentionArgs& a, float* part) {
+  const int32_t G = a.group, HD = model_->config().head_dim;
+  float* part_lse = part + static_cast<size_t>(G) * HD;
+  kernels::AttentionArgs e = a;
+  e.out = part;
+  e.out_stride = 0;
+  e.key_mass = nullptr;
+  e.lse = part_lse;
+  for (const kernels::KvStreamView& v : extra.views(stream)) {
+    if (v.n_slots <= 0) continue;
+    kernels::paged_attention(v, e);
+    // Two normalised partial outputs with log-sum-exps la, lb: weights e^la, e^lb over their sum.
+    for (int32_t g = 0; g < G; ++g) {
+      const float la = a.lse[g], lb = part_lse[g];
+      const float m = std::max(la, lb);
+      const float wa = std::exp(la - m), wb = std::exp(lb - m);
+      const float inv = 1.0f / (wa + wb);
+      float* o = a.out + static_cast<size_t>(g) * HD;
+      const float* p = part + static_cast<size_t>(g) * HD;
+      for (int32_t d = 0; d < HD; ++d) o[d] = (o[d] * wa + p[d] * wb) * inv;
+      a.lse[g] = m + std::log(wa + wb);
+    }
+  }
 }
 
 void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1,

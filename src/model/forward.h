@@ -31,6 +31,22 @@ class ForwardObserver {
   virtual void on_query_post_rope(int32_t batch_index, int32_t layer, const float* q, int32_t n_tokens, int64_t stride) {}
 };
 
+// KV that a one-token batch item attends besides its own streams: pages held outside the pool. The exact
+// drift check (engine/scheduler.cpp) reads a sequence's evicted pages from the cold tier one layer at a
+// time and attends them where they lie, instead of copying every one into a fork of the sequence.
+// Every extra slot must be older than the item's new token (decode: it sees them all). The two parts merge
+// through their log-sum-exps, so the result is attention over the union (rounding aside: the sum runs
+// in another order than over one stream holding every slot).
+class ExtraKv {
+ public:
+  virtual ~ExtraKv() = default;
+  // Called on the forward's calling thread right before layer `layer`'s attention, once per layer.
+  virtual void load_layer(int32_t layer) = 0;
+  // After load_layer: the extra KV of stream `stream` (of that layer) as views, each with its pages full
+  // but the last; nothing = none. Called from the pool's threads (const, no changes in between).
+  virtual std::span<const kernels::KvStreamView> views(int32_t stream) const = 0;
+};
+
 struct BatchItem {
   kv::SequenceKv* kv = nullptr;
   std::span<const int32_t> tokens;  // new tokens; positions are kv->next_pos() onwards
@@ -42,6 +58,9 @@ struct BatchItem {
   // the slots it attended (kernels::AttentionArgs::lse), for recall's hot mass. Layers that took the
   // sliding-window path leave their entries unwritten.
   float* attn_lse = nullptr;
+  // Optional (one-token items, models without sliding-window layers): extra KV attended beside the
+  // item's own (ExtraKv). attn_lse then covers both.
+  ExtraKv* extra = nullptr;
 };
 
 class Forward {
@@ -63,6 +82,9 @@ class Forward {
   void window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1, float scale,
                         float* scratch);
 
+  // Attends the extra views of stream `stream` for one query token and merges them into a.out / a.lse.
+  void attend_extra(const ExtraKv& extra, int32_t stream, const kernels::AttentionArgs& a, float* part);
+
   const Model* model_;
   ThreadPool* pool_;
   int32_t max_tokens_;
@@ -70,6 +92,7 @@ class Forward {
   std::vector<int32_t> pos_;
   std::vector<float> attn_scratch_;
   size_t attn_scratch_per_thread_ = 0;
+  std::vector<float> extra_scratch_;  // per thread: group x (head_dim + 2) floats for attend_extra
   std::vector<float> window_scratch_;  // per thread: window_attention's accumulators
   size_t window_scratch_per_thread_ = 0;
   struct Span {

@@ -157,14 +157,27 @@ void parse_common(const json& b, const ApiContext& ctx, ParsedRequest& r) {
     s.kv.recall.bring_back = s.kv.recall.enabled;
   }
   // The exact drift check and its guard (compress::RecallConfig::exact / exact_guard; need --kv-cold too).
-  if (const json* v = field(b, "kv_drift_exact"); v != nullptr && as_bool(*v, "kv_drift_exact")) {
-    s.kv.recall.exact = true;
-    s.kv.recall.enabled = true;
+  // false turns off what the server's defaults switched on (the guard needs the check: both go).
+  if (const json* v = field(b, "kv_drift_exact")) {
+    if (as_bool(*v, "kv_drift_exact")) {
+      s.kv.recall.exact = true;
+      s.kv.recall.enabled = true;
+    } else {
+      s.kv.recall.exact = false;
+      s.kv.recall.exact_guard = 0.0f;
+    }
   }
-  if (const json* v = field(b, "kv_guard_exact"); v != nullptr && as_bool(*v, "kv_guard_exact")) {
-    s.kv.recall.exact = true;
-    s.kv.recall.enabled = true;
-    if (s.kv.recall.exact_guard <= 0) s.kv.recall.exact_guard = compress::kExactGuardTv;
+  if (const json* v = field(b, "kv_guard_exact")) {
+    if (as_bool(*v, "kv_guard_exact")) {
+      s.kv.recall.exact = true;
+      s.kv.recall.enabled = true;
+      if (s.kv.recall.exact_guard <= 0) s.kv.recall.exact_guard = compress::kExactGuardTv;
+    } else {
+      s.kv.recall.exact_guard = 0.0f;
+    }
+  }
+  if (const json* v = field(b, "kv_drift_exact_every")) {
+    s.kv.recall.exact_every = static_cast<int32_t>(as_int(*v, "kv_drift_exact_every", 0, 1 << 20));
   }
   if (s.kv.policy != compress::PolicyKind::Full) {
     try {
