@@ -1,5 +1,7 @@
 #include "compress/cold_attend.h"
 
+#include <chrono>
+
 namespace kvpack::compress {
 
 void ColdAttend::bind(kv::EvictedKv& cold, const kv::SequenceKv& kv) {
@@ -8,6 +10,7 @@ void ColdAttend::bind(kv::EvictedKv& cold, const kv::SequenceKv& kv) {
   complete_ = true;
   pages_read_ = 0;
   bytes_read_ = 0;
+  read_seconds_ = 0;
   views_.clear();
   range_.assign(static_cast<size_t>(cold.n_streams()), {0, 0});
 }
@@ -30,7 +33,9 @@ void ColdAttend::load_layer(int32_t layer) {
   if (records_.size() < refs_.size() * rec) records_.resize(refs_.size() * rec);
   outs_.resize(refs_.size());
   for (size_t i = 0; i < refs_.size(); ++i) outs_[i] = records_.data() + i * rec;
+  const auto t0 = std::chrono::steady_clock::now();
   const std::span<const bool> ok = cold_->read_many(refs_, outs_);  // one batched tier call for the layer
+  read_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Views: pages_ is filled first (its addresses are final once reserved), views refer into it.
   pages_.reserve(refs_.size());
   kernels::KvStreamView base = kv_->view(refs_[0].stream);

@@ -27,6 +27,8 @@ class ExactCheck {
   // The same over the hot set only, recomputed the same way (for a token that came out of a multi-token
   // step, whose kernels round differently from a one-token step's).
   bool over_hot_kv(Engine& engine, const kv::SequenceKv& seq, int32_t token, float* logits);
+  // Seconds the last over_all_kv spent reading cold pages from the tier (0 on the copy path).
+  double last_read_seconds() const { return attend_.read_seconds(); }
 
  private:
   bool run(Engine& engine, const kv::SequenceKv& seq, int32_t token, compress::SequenceCompressor* comp, float* logits);
