@@ -115,15 +115,20 @@ void bm_matmul(benchmark::State& state, Isa isa, DType type, int64_t n_in, int64
   });
 }
 
-// The same Q8_0 matrices in the packed 16-row layout (kernels/matmul_packed.h), one packed copy per
-// rotated copy, so the GEMV streams from DRAM as the row-layout one does.
+// The same Q8_0 (Q4_K) matrices in the packed 16-row layout (kernels/matmul_packed.h), one packed copy per
+// rotated copy, so the GEMV streams from DRAM as the row-layout one does. "weights" counts the file's bytes
+// (the row layout's), so the rates compare with the row-layout rows of the same type.
+template <class P, DType kType>
 void bm_packed(benchmark::State& state, Isa isa, int64_t n_in, int64_t n_out, int64_t n_tok, int threads) {
-  static std::vector<PackedQ8> packed;
+  static std::vector<P> packed;
   static int64_t packed_in = 0, packed_out = 0;
-  const WeightSet& ws = weights(DType::Q8_0, n_out, n_in);
+  const WeightSet& ws = weights(kType, n_out, n_in);
   if (packed_in != n_in || packed_out != n_out) {
     packed.clear();
-    for (int64_t c = 0; c < ws.n_copies; ++c) packed.push_back(pack_q8_0(ws.copy(c), n_out, n_in));
+    for (int64_t c = 0; c < ws.n_copies; ++c) {
+      if constexpr (kType == DType::Q8_0) packed.push_back(pack_q8_0(ws.copy(c), n_out, n_in));
+      else packed.push_back(pack_q4_k(ws.copy(c), n_out, n_in));
+    }
     packed_in = n_in;
     packed_out = n_out;
   }
@@ -214,29 +219,31 @@ void register_all() {
       }
     }
   }
-  // Packed Q8_0 ("Q8_0P"), AVX-512 only (the layout has no AVX2 kernel).
+  // Packed Q8_0 ("Q8_0P") and Q4_K ("Q4_KP"), AVX-512 only (the layouts have no AVX2 kernel).
   if (cpu_supports(Isa::Avx512)) {
     // Beside the row-layout shapes: k_proj / v_proj, and Q|K|V and gate|up as one matrix each.
     constexpr Shape kPackedShapes[] = {{"q_proj", 1024, 2048},   {"ffn_up", 1024, 3072}, {"ffn_down", 3072, 1024},
                                        {"lm_head", 1024, 151936}, {"kv_proj", 1024, 1024}, {"qkv_proj", 1024, 4096},
                                        {"gate_up", 1024, 6144}};
-    for (const Shape& s : kPackedShapes)
-      for (int threads : {1, 2}) {
-        const std::string name = "gemv/Q8_0P/" + std::string(s.what) + "_" + std::to_string(s.n_in) + "x" +
-                                 std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(threads);
-        timing(benchmark::RegisterBenchmark(name.c_str(), bm_packed, Isa::Avx512, s.n_in, s.n_out, int64_t{1}, threads),
-               threads)
-            ->Unit(benchmark::kMicrosecond);
-      }
-    for (int64_t n_tok : {4, 8, 64})
-      for (int threads : {1, 2}) {
-        const std::string name = "prefill/Q8_0P/ffn_up_1024x3072/tok:" + std::to_string(n_tok) + "/avx512/threads:" +
-                                 std::to_string(threads);
-        timing(benchmark::RegisterBenchmark(name.c_str(), bm_packed, Isa::Avx512, int64_t{1024}, int64_t{3072}, n_tok,
-                                            threads),
-               threads)
-            ->Unit(benchmark::kMicrosecond);
-      }
+    using Fn = void (*)(benchmark::State&, Isa, int64_t, int64_t, int64_t, int);
+    const std::pair<const char*, Fn> kinds[] = {{"Q8_0P", bm_packed<PackedQ8, DType::Q8_0>}, {"Q4_KP", bm_packed<PackedQ4K, DType::Q4_K>}};
+    for (const auto& [kind, fn] : kinds) {
+      for (const Shape& s : kPackedShapes)
+        for (int threads : {1, 2}) {
+          const std::string name = "gemv/" + std::string(kind) + "/" + std::string(s.what) + "_" + std::to_string(s.n_in) + "x" +
+                                   std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(threads);
+          timing(benchmark::RegisterBenchmark(name.c_str(), fn, Isa::Avx512, s.n_in, s.n_out, int64_t{1}, threads), threads)
+              ->Unit(benchmark::kMicrosecond);
+        }
+      for (int64_t n_tok : {4, 8, 64})
+        for (int threads : {1, 2}) {
+          const std::string name = "prefill/" + std::string(kind) + "/ffn_up_1024x3072/tok:" + std::to_string(n_tok) +
+                                   "/avx512/threads:" + std::to_string(threads);
+          timing(benchmark::RegisterBenchmark(name.c_str(), fn, Isa::Avx512, int64_t{1024}, int64_t{3072}, n_tok, threads),
+                 threads)
+              ->Unit(benchmark::kMicrosecond);
+        }
+    }
   }
 }
 

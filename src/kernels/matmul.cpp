@@ -247,6 +247,48 @@ void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y
   });
 }
 
+void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, Isa isa) {
+  if (!W) throw std::invalid_argument("matmul_packed: empty packed weight");
+  if (isa != Isa::Avx512 && isa != Isa::Scalar)
+    throw std::invalid_argument(std::string("matmul_packed: no packed path for ") + isa_name(isa));
+  if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul_packed: ISA not supported: ") + isa_name(isa));
+  if (n_tokens < 0) throw std::invalid_argument("matmul_packed: negative dimension");
+  const int64_t n_in = W.n_in(), n_out = W.n_out();
+  if (n_tokens == 0 || n_out == 0) return;
+  const IsaKernels& K = isa_kernels(isa);
+  const detail::PackedKFn fn = isa == Isa::Avx512 ? detail::packed_q4k_avx512 : detail::packed_q4k_scalar;
+
+  // Activations as for the row-layout super-block kinds (one int8 super-block per 256, int16 sums per 16).
+  const detail::ActLayoutK L = detail::act_layout_k(n_in);
+  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
+  const int64_t per_task = 16;
+  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
+    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
+    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
+  });
+
+  detail::PackedArgsK base{};
+  base.W = W.group(0);
+  base.group_bytes = W.group_bytes();
+  base.nsb = n_in / 256;
+  base.n_out = n_out;
+  base.x_stride = L.stride;
+  base.y_stride = n_out;
+  base.act = L;
+  const TaskSplit sp = split_tasks(W.group_bytes(), W.n_groups(), n_tokens, 2);
+  run_tasks(pool, sp.n_tasks, [&](int64_t task) {
+    const int64_t gt = task / sp.n_tok_tasks, tt = task % sp.n_tok_tasks;
+    detail::PackedArgsK a = base;
+    a.g0 = gt * sp.units_per_task;
+    a.g1 = std::min(W.n_groups(), a.g0 + sp.units_per_task);
+    const int64_t t0 = tt * sp.tok_chunk;
+    a.n_tokens = std::min(n_tokens, t0 + sp.tok_chunk) - t0;
+    a.x = act + static_cast<size_t>(t0) * L.stride;
+    a.y = y + t0 * n_out;
+    fn(a);
+  });
+}
+
 const char* matmul_isa() { return isa_name(selected_isa()); }
 
 }  // namespace kvpack::kernels

@@ -119,6 +119,23 @@ struct PackedArgs {
   int64_t y_stride;
   ActLayout act;
 };
+// The same for PackedQ4K: nb counts 256-element super-blocks, activations in ActLayoutK.
+struct PackedArgsK {
+  const uint8_t* W;
+  size_t group_bytes;
+  int64_t nsb;
+  int64_t g0, g1;
+  int64_t n_out;
+  const uint8_t* x;
+  size_t x_stride;
+  int64_t n_tokens;
+  float* y;
+  int64_t y_stride;
+  ActLayoutK act;
+};
+using PackedKFn = void (*)(const PackedArgsK& a);
+void packed_q4k_scalar(const PackedArgsK& a);  // matmul_packed.cpp
+void packed_q4k_avx512(const PackedArgsK& a);  // matmul_avx512.cpp; only when cpu_supports(Isa::Avx512)
 using PackedFn = void (*)(const PackedArgs& a);
 void packed_q8_scalar(const PackedArgs& a);  // matmul_packed.cpp
 void packed_q8_avx512(const PackedArgs& a);  // matmul_avx512.cpp; only when cpu_supports(Isa::Avx512)

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/matmul_internal.h"
+#include "kernels/quant.h"
 #include "util/dtype.h"
 #include "util/half.h"
 #include "util/huge_alloc.h"
@@ -66,7 +67,104 @@ PackedQ8 pack_q8_0_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_in
   return p;
 }
 
+size_t PackedQ4K::bytes_for(int64_t n_out, int64_t n_in) {
+  if (n_out <= 0 || n_in <= 0) return 0;
+  return static_cast<size_t>((n_out + kRows - 1) / kRows) * static_cast<size_t>(n_in / 256) * kRecordBytes;
+}
+
+PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in) {
+  const size_t bytes = PackedQ4K::bytes_for(n_out, n_in);
+  uint8_t* mem = bytes >= kHugePageBytes ? huge_alloc(bytes) : static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64));
+  if (mem == nullptr) throw std::bad_alloc();
+  std::unique_ptr<uint8_t, FreeBytes> owned(mem);
+  PackedQ4K p = pack_q4_k_into(mem, W, n_out, n_in);
+  p.owned_ = std::move(owned);
+  return p;
+}
+
+PackedQ4K pack_q4_k_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_in) {
+  if (n_out <= 0 || n_in <= 0 || n_in % 256 != 0)
+    throw std::invalid_argument("pack_q4_k: shape " + std::to_string(n_out) + " x " + std::to_string(n_in) +
+                                " (n_in must be a positive multiple of 256)");
+  PackedQ4K p;
+  p.n_out_ = n_out;
+  p.n_in_ = n_in;
+  p.data_ = mem;
+  const int64_t nsb = n_in / 256;
+  const auto* src = static_cast<const uint8_t*>(W);
+  const size_t rb = row_bytes(DType::Q4_K, static_cast<uint64_t>(n_in));
+  constexpr int R = PackedQ4K::kRows;
+  for (int64_t g = 0; g < p.n_groups(); ++g) {
+    uint8_t* out = mem + static_cast<size_t>(g) * p.group_bytes();
+    for (int64_t sb = 0; sb < nsb; ++sb, out += PackedQ4K::kRecordBytes) {
+      std::memset(out, 0, PackedQ4K::kRecordBytes);  // padding rows: codes, scales, mins and d all 0
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = g * R + r;
+        if (row >= n_out) break;
+        const auto* blk = reinterpret_cast<const BlockQ4_K*>(src + static_cast<size_t>(row) * rb + static_cast<size_t>(sb) * sizeof(BlockQ4_K));
+        // Element e of the super-block: nibble of qs[32 (e / 64) + e % 32], high half when e % 64 >= 32.
+        auto code = [&](int e) { return static_cast<uint8_t>((blk->qs[32 * (e / 64) + e % 32] >> (e % 64 >= 32 ? 4 : 0)) & 15); };
+        for (int j = 0; j < 8; ++j)
+          for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e)
+              out[(4 * j + i) * 64 + r * 4 + e] = static_cast<uint8_t>(code(32 * j + 4 * i + e) | code(32 * j + 16 + 4 * i + e) << 4);
+        uint8_t sc[8], m[8];
+        q4_k_unpack_scales(blk->scales, sc, m);
+        for (int j = 0; j < 8; ++j) {
+          out[PackedQ4K::kScOffset + 16 * j + r] = sc[j];
+          out[PackedQ4K::kMinOffset + 16 * j + r] = m[j];
+        }
+        std::memcpy(out + PackedQ4K::kDOffset + 2 * r, &blk->d, 2);
+        std::memcpy(out + PackedQ4K::kDminOffset + 2 * r, &blk->dmin, 2);
+      }
+    }
+  }
+  return p;
+}
+
 namespace detail {
+
+// The reference arithmetic of PackedQ4K (matmul_packed.h), one output at a time.
+void packed_q4k_scalar(const PackedArgsK& a) {
+  const ActLayoutK& L = a.act;
+  constexpr int R = PackedQ4K::kRows;
+  for (int64_t g = a.g0; g < a.g1; ++g) {
+    const uint8_t* grp = a.W + static_cast<size_t>(g) * a.group_bytes;
+    for (int r = 0; r < R; ++r) {
+      const int64_t o = g * R + r;
+      if (o >= a.n_out) break;
+      for (int64_t t = 0; t < a.n_tokens; ++t) {
+        const uint8_t* act = a.x + static_cast<size_t>(t) * a.x_stride;
+        const auto* qs = reinterpret_cast<const int8_t*>(act + L.qs_off);
+        const auto* bs = reinterpret_cast<const int16_t*>(act + L.bsum_off);
+        const auto* dx = reinterpret_cast<const float*>(act + L.d_off);
+        float acc = 0.0f;
+        for (int64_t sb = 0; sb < a.nsb; ++sb) {
+          const uint8_t* rec = grp + static_cast<size_t>(sb) * PackedQ4K::kRecordBytes;
+          const int8_t* x = qs + sb * 256;
+          int32_t isum = 0, msum = 0;
+          for (int j = 0; j < 8; ++j) {
+            int32_t dot = 0;
+            for (int i = 0; i < 4; ++i)
+              for (int e = 0; e < 4; ++e) {
+                const uint8_t b = rec[(4 * j + i) * 64 + r * 4 + e];
+                dot += int32_t{b & 15} * x[32 * j + 4 * i + e] + int32_t{b >> 4} * x[32 * j + 16 + 4 * i + e];
+              }
+            isum += int32_t{rec[PackedQ4K::kScOffset + 16 * j + r]} * dot;
+            msum += int32_t{rec[PackedQ4K::kMinOffset + 16 * j + r]} * (int32_t{bs[sb * 16 + 2 * j]} + int32_t{bs[sb * 16 + 2 * j + 1]});
+          }
+          uint16_t dh, mh;
+          std::memcpy(&dh, rec + PackedQ4K::kDOffset + 2 * r, 2);
+          std::memcpy(&mh, rec + PackedQ4K::kDminOffset + 2 * r, 2);
+          acc = std::fma(static_cast<float>(isum), fp16_to_f32(dh) * dx[sb], acc);
+          acc = std::fma(-static_cast<float>(msum), fp16_to_f32(mh) * dx[sb], acc);
+        }
+        a.y[t * a.y_stride + o] = acc;
+      }
+    }
+  }
+}
+
 
 // The reference arithmetic of matmul_packed.h, one output at a time.
 void packed_q8_scalar(const PackedArgs& a) {

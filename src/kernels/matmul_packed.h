@@ -71,4 +71,61 @@ PackedQ8 pack_q8_0_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in
 void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool,
                    Isa isa = selected_isa());
 
+// ---- Q4_K packed the same way (PackedQ4K) --------------------------------------------------------------
+// The row-layout Q4_K kernel (matmul_kquant_avx512.cpp) spends ~10 vector instructions per 64 weights and
+// row on nibble decoding, scale broadcasting and int16 pair sums, and a convert + 2 FMAs per super-block and
+// row: decode ran at ~14 G weights/s per thread (7.9 GB/s of Q4_K) against ~19 for Q8_0, compute-bound.
+// Packed, one 64-byte load holds 2 x 4 weights of 16 rows, and two vpdpbusd with the token's activation
+// quads broadcast give 16 rows' partial dots; sub-block scales and mins are applied once per 32 weights for
+// 16 rows (vpmulld), the f32 convert and FMAs once per super-block for 16 rows.
+//
+// Layout: rows 16 at a time as PackedQ8 (the last group padded with zero rows); group g is n_in / 256
+// super-block records of 2368 bytes:
+//   uint8_t q[8][4][16][4]  byte (j, i, r, e): low nibble = code of W[16g + r][256 sb + 32 j + 4 i + e],
+//                           high nibble = code of element 256 sb + 32 j + 16 + 4 i + e (codes 0..15)
+//   uint8_t sc[8][16]       6-bit sub-block scales of rows 16g + r (Q4_K's, unpacked)
+//   uint8_t m[8][16]        6-bit sub-block mins
+//   uint16_t d[16], dmin[16]  the f16 super-block scales, as in the file
+// 2368 bytes per 16 x 256 weights against 2304 in the file (+2.8 %: the scales unpacked to one byte each).
+//
+// Arithmetic, per output y[t][o] (every path, bitwise), with the activations quantised as matmul.h's
+// super-blocks (int8 codes q_x, one f32 scale dx per 256, int16 sums per 16): for each super-block in order,
+//   isum = sum_j sc_j * sum_{i in sub-block j} q_w,i * q_x,i        (exact int32)
+//   msum = sum_j m_j * (sum of q_x over sub-block j)                 (exact int32)
+//   acc = fma((float)isum, d * dx, acc);  acc = fma(-(float)msum, dmin * dx, acc)
+// One chain per output, as PackedQ8: independent of tile, batch, thread split and ISA path. The row-layout
+// kernel sums partial lanes in f32 instead, so the two layouts differ in the last bits (not across paths).
+class PackedQ4K {
+ public:
+  static constexpr int kRows = 16;
+  static constexpr int kRecordBytes = 2368;
+  static constexpr int kScOffset = 2048, kMinOffset = 2176, kDOffset = 2304, kDminOffset = 2336;
+
+  static size_t bytes_for(int64_t n_out, int64_t n_in);
+
+  PackedQ4K() = default;
+  explicit operator bool() const { return data_ != nullptr; }
+  int64_t n_out() const { return n_out_; }
+  int64_t n_in() const { return n_in_; }
+  int64_t n_groups() const { return (n_out_ + kRows - 1) / kRows; }
+  size_t group_bytes() const { return static_cast<size_t>(n_in_ / 256) * kRecordBytes; }
+  size_t bytes() const { return bytes_for(n_out_, n_in_); }
+  const uint8_t* group(int64_t g) const { return data_ + static_cast<size_t>(g) * group_bytes(); }
+
+ private:
+  friend PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in);
+  friend PackedQ4K pack_q4_k_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+  const uint8_t* data_ = nullptr;
+  std::unique_ptr<uint8_t, FreeBytes> owned_;
+  int64_t n_out_ = 0, n_in_ = 0;
+};
+
+// As pack_q8_0 / pack_q8_0_into for Q4_K rows (n_in a positive multiple of 256, else std::invalid_argument).
+PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in);
+PackedQ4K pack_q4_k_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+
+// y[t][o] = sum_i W[o][i] x[t][i] for the packed Q4_K W (arithmetic above); `isa` as for PackedQ8.
+void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool,
+                   Isa isa = selected_isa());
+
 }  // namespace kvpack::kernels

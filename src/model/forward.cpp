@@ -18,6 +18,8 @@ namespace {
 void matmul(const Weight& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
   if (w.packed != nullptr)
     kernels::matmul_packed(*w.packed, x, n_tokens, y, pool);
+  else if (w.packed_k != nullptr)
+    kernels::matmul_packed(*w.packed_k, x, n_tokens, y, pool);
   else
     kernels::matmul(w.data, w.type, w.n_out, w.n_in, x, n_tokens, y, pool);
 }

@@ -63,20 +63,32 @@ void Model::pack_weights() {
   for (LayerWeights& l : w_.layers)
     for (Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) todo.push_back(w);
   todo.push_back(&w_.output);
-  std::erase_if(todo, [](const Weight* w) { return !*w || w->type != DType::Q8_0; });
+  std::erase_if(todo, [](const Weight* w) {
+    return !*w || !(w->type == DType::Q8_0 || (w->type == DType::Q4_K && w->n_in % 256 == 0));
+  });
   if (todo.empty()) return;
   // One arena for every packed matrix: a 2 MiB rounding per matrix would leave up to 2 MiB resident per
   // matrix (~200 MB for a 28-layer model), one arena at most 2 MiB in all.
-  auto slot = [](const Weight* w) { return (kernels::PackedQ8::bytes_for(w->n_out, w->n_in) + 63) / 64 * 64; };
+  auto slot = [](const Weight* w) {
+    const size_t b = w->type == DType::Q8_0 ? kernels::PackedQ8::bytes_for(w->n_out, w->n_in)
+                                            : kernels::PackedQ4K::bytes_for(w->n_out, w->n_in);
+    return (b + 63) / 64 * 64;
+  };
   size_t total = 0;
   for (const Weight* w : todo) total += slot(w);
   uint8_t* arena = huge_alloc(total);
   if (arena == nullptr) throw std::bad_alloc();
   packed_arena_.reset(arena);
   packed_.reserve(todo.size());
+  packed_k_.reserve(todo.size());
   for (Weight* w : todo) {
-    packed_.push_back(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in));
-    w->packed = &packed_.back();
+    if (w->type == DType::Q8_0) {
+      packed_.push_back(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in));
+      w->packed = &packed_.back();
+    } else {
+      packed_k_.push_back(kernels::pack_q4_k_into(arena, w->data, w->n_out, w->n_in));
+      w->packed_k = &packed_k_.back();
+    }
     arena += slot(w);
     if (gguf_) gguf_->drop_resident(w->data, row_bytes(w->type, static_cast<uint64_t>(w->n_in)) * static_cast<uint64_t>(w->n_out));
   }

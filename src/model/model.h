@@ -85,6 +85,7 @@ struct Weight {
   // Q8_0 matrices when the CPU has the packed kernel (Model::pack_weights), nullptr otherwise. `data` stays
   // valid (embedding lookups, tools) but the forward pass multiplies with `packed` when it is set.
   const kernels::PackedQ8* packed = nullptr;
+  const kernels::PackedQ4K* packed_k = nullptr;  // the same for Q4_K matrices
   explicit operator bool() const { return data != nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }
 };
@@ -131,7 +132,7 @@ class Model {
   // clips n_ctx to kMaxContext with a warning on stderr.
   void check_hparams(const std::string& where);
   void validate() const;  // after loading: the tokenizer agrees with the model
-  // Repacks the Q8_0 matrices the forward pass multiplies with (every layer's projections and the output
+  // Repacks the Q8_0 and Q4_K matrices the forward pass multiplies with (every layer's projections and the output
   // head) when kernels::packed_q8_preferred(), unless KVPACK_REPACK=0; then asks the OS to drop the file
   // pages the repacking read (they are re-read on demand), so resident memory holds one copy.
   void pack_weights();
@@ -142,6 +143,7 @@ class Model {
   std::unique_ptr<gguf::File> gguf_;
   std::vector<float> owned_;  // llama2.c weights
   std::vector<kernels::PackedQ8> packed_;  // what Weight::packed points to (sized once: pointers stay valid)
+  std::vector<kernels::PackedQ4K> packed_k_;  // what Weight::packed_k points to
   std::unique_ptr<uint8_t, FreeBytes> packed_arena_;  // the packed matrices' bytes, one allocation
   size_t weight_bytes_ = 0;
   std::string chat_template_;
