@@ -209,21 +209,47 @@ void matmul(const void* W, DType wtype, int64_t n_out, int64_t n_in, const float
   matmul_with_isa(selected_isa(), W, wtype, n_out, n_in, x, n_tokens, y, pool);
 }
 
-void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, Isa isa) {
+namespace {
+
+// The checks both packed layouts make; false when there is nothing to compute.
+template <class P>
+bool packed_call_ok(const P& W, int64_t n_tokens, Isa isa) {
   if (!W) throw std::invalid_argument("matmul_packed: empty packed weight");
   if (isa != Isa::Avx512 && isa != Isa::Scalar)
     throw std::invalid_argument(std::string("matmul_packed: no packed path for ") + isa_name(isa));
   if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul_packed: ISA not supported: ") + isa_name(isa));
   if (n_tokens < 0) throw std::invalid_argument("matmul_packed: negative dimension");
-  const int64_t n_in = W.n_in(), n_out = W.n_out();
-  if (n_tokens == 0 || n_out == 0) return;
-  const IsaKernels& K = isa_kernels(isa);
-  const detail::PackedFn fn = isa == Isa::Avx512 ? detail::packed_q8_avx512 : detail::packed_q8_scalar;
+  return n_tokens > 0 && W.n_out() > 0;
+}
 
+// Tasks over (16-row groups x token chunks) of a packed W: `base` filled but for g0 / g1 / x / y / n_tokens;
+// an even number of groups per task lets the cached tiles pair groups.
+template <class P, class Args, class Fn>
+void run_packed(const P& W, const Args& base, const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
+                ThreadPool* pool, Fn fn) {
+  const TaskSplit sp = split_tasks(W.group_bytes(), W.n_groups(), n_tokens, 2);
+  run_tasks(pool, sp.n_tasks, [&](int64_t task) {
+    const int64_t gt = task / sp.n_tok_tasks, tt = task % sp.n_tok_tasks;
+    Args a = base;
+    a.g0 = gt * sp.units_per_task;
+    a.g1 = std::min(W.n_groups(), a.g0 + sp.units_per_task);
+    const int64_t t0 = tt * sp.tok_chunk;
+    a.n_tokens = std::min(n_tokens, t0 + sp.tok_chunk) - t0;
+    a.x = act + static_cast<size_t>(t0) * act_stride;
+    a.y = y + t0 * W.n_out();
+    fn(a);
+  });
+}
+
+}  // namespace
+
+void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, Isa isa) {
+  if (!packed_call_ok(W, n_tokens, isa)) return;
+  const int64_t n_in = W.n_in(), n_out = W.n_out();
+  const IsaKernels& K = isa_kernels(isa);
   // Activations as for row-layout Q8_0 (bias K = 128 for the unsigned weight codes).
   const detail::ActLayout L = detail::act_layout(n_in);
   uint8_t* act = quantize_activations(K, 128, L, x, n_in, n_tokens, pool);
-
   detail::PackedArgs base{};
   base.W = W.group(0);
   base.group_bytes = W.group_bytes();
@@ -232,32 +258,13 @@ void matmul_packed(const PackedQ8& W, const float* x, int64_t n_tokens, float* y
   base.x_stride = L.stride;
   base.y_stride = n_out;
   base.act = L;
-  // Units are 16-row groups; an even number per task lets the cached tiles pair groups.
-  const TaskSplit sp = split_tasks(W.group_bytes(), W.n_groups(), n_tokens, 2);
-  run_tasks(pool, sp.n_tasks, [&](int64_t task) {
-    const int64_t gt = task / sp.n_tok_tasks, tt = task % sp.n_tok_tasks;
-    detail::PackedArgs a = base;
-    a.g0 = gt * sp.units_per_task;
-    a.g1 = std::min(W.n_groups(), a.g0 + sp.units_per_task);
-    const int64_t t0 = tt * sp.tok_chunk;
-    a.n_tokens = std::min(n_tokens, t0 + sp.tok_chunk) - t0;
-    a.x = act + static_cast<size_t>(t0) * L.stride;
-    a.y = y + t0 * n_out;
-    fn(a);
-  });
+  run_packed(W, base, act, L.stride, n_tokens, y, pool, isa == Isa::Avx512 ? detail::packed_q8_avx512 : detail::packed_q8_scalar);
 }
 
 void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool, Isa isa) {
-  if (!W) throw std::invalid_argument("matmul_packed: empty packed weight");
-  if (isa != Isa::Avx512 && isa != Isa::Scalar)
-    throw std::invalid_argument(std::string("matmul_packed: no packed path for ") + isa_name(isa));
-  if (!cpu_supports(isa)) throw std::invalid_argument(std::string("matmul_packed: ISA not supported: ") + isa_name(isa));
-  if (n_tokens < 0) throw std::invalid_argument("matmul_packed: negative dimension");
+  if (!packed_call_ok(W, n_tokens, isa)) return;
   const int64_t n_in = W.n_in(), n_out = W.n_out();
-  if (n_tokens == 0 || n_out == 0) return;
   const IsaKernels& K = isa_kernels(isa);
-  const detail::PackedKFn fn = isa == Isa::Avx512 ? detail::packed_q4k_avx512 : detail::packed_q4k_scalar;
-
   // Activations as for the row-layout super-block kinds (one int8 super-block per 256, int16 sums per 16).
   const detail::ActLayoutK L = detail::act_layout_k(n_in);
   uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
@@ -266,7 +273,6 @@ void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* 
     const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
     for (int64_t t = task * per_task; t < t1; ++t) K.quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
   });
-
   detail::PackedArgsK base{};
   base.W = W.group(0);
   base.group_bytes = W.group_bytes();
@@ -275,18 +281,7 @@ void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* 
   base.x_stride = L.stride;
   base.y_stride = n_out;
   base.act = L;
-  const TaskSplit sp = split_tasks(W.group_bytes(), W.n_groups(), n_tokens, 2);
-  run_tasks(pool, sp.n_tasks, [&](int64_t task) {
-    const int64_t gt = task / sp.n_tok_tasks, tt = task % sp.n_tok_tasks;
-    detail::PackedArgsK a = base;
-    a.g0 = gt * sp.units_per_task;
-    a.g1 = std::min(W.n_groups(), a.g0 + sp.units_per_task);
-    const int64_t t0 = tt * sp.tok_chunk;
-    a.n_tokens = std::min(n_tokens, t0 + sp.tok_chunk) - t0;
-    a.x = act + static_cast<size_t>(t0) * L.stride;
-    a.y = y + t0 * n_out;
-    fn(a);
-  });
+  run_packed(W, base, act, L.stride, n_tokens, y, pool, isa == Isa::Avx512 ? detail::packed_q4k_avx512 : detail::packed_q4k_scalar);
 }
 
 const char* matmul_isa() { return isa_name(selected_isa()); }

@@ -24,14 +24,21 @@ size_t PackedQ8::bytes_for(int64_t n_out, int64_t n_in) {
   return static_cast<size_t>((n_out + kRows - 1) / kRows) * static_cast<size_t>(n_in / 32) * kRecordBytes;
 }
 
-PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in) {
-  const size_t bytes = PackedQ8::bytes_for(n_out, n_in);
-  // Matrices of a huge page or more go on 2 MiB boundaries (fewer TLB misses while streaming them); smaller
-  // ones are not rounded up to one.
+namespace {
+
+// Memory for a packed matrix of `bytes`: matrices of a huge page or more on 2 MiB boundaries (fewer TLB misses
+// while streaming them), smaller ones not rounded up to one.
+std::unique_ptr<uint8_t, FreeBytes> packed_memory(size_t bytes) {
   uint8_t* mem = bytes >= kHugePageBytes ? huge_alloc(bytes) : static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64));
   if (mem == nullptr) throw std::bad_alloc();
-  std::unique_ptr<uint8_t, FreeBytes> owned(mem);
-  PackedQ8 p = pack_q8_0_into(mem, W, n_out, n_in);
+  return std::unique_ptr<uint8_t, FreeBytes>(mem);
+}
+
+}  // namespace
+
+PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in) {
+  auto owned = packed_memory(PackedQ8::bytes_for(n_out, n_in));
+  PackedQ8 p = pack_q8_0_into(owned.get(), W, n_out, n_in);
   p.owned_ = std::move(owned);
   return p;
 }
@@ -73,11 +80,8 @@ size_t PackedQ4K::bytes_for(int64_t n_out, int64_t n_in) {
 }
 
 PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in) {
-  const size_t bytes = PackedQ4K::bytes_for(n_out, n_in);
-  uint8_t* mem = bytes >= kHugePageBytes ? huge_alloc(bytes) : static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 127) / 64 * 64));
-  if (mem == nullptr) throw std::bad_alloc();
-  std::unique_ptr<uint8_t, FreeBytes> owned(mem);
-  PackedQ4K p = pack_q4_k_into(mem, W, n_out, n_in);
+  auto owned = packed_memory(PackedQ4K::bytes_for(n_out, n_in));
+  PackedQ4K p = pack_q4_k_into(owned.get(), W, n_out, n_in);
   p.owned_ = std::move(owned);
   return p;
 }
