@@ -33,6 +33,7 @@ Proc sh(std::string cmd) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
   r.status = pclose(p);
   r.err = read_file(err_path);
+  std::remove(err_path.c_str());
   return r;
 }
 

@@ -29,6 +29,7 @@ inline Proc run_kvpack(const std::string& args) {
   std::stringstream ss;
   ss << std::ifstream(err_path).rdbuf();
   r.err = ss.str();
+  std::remove(err_path.c_str());  // one per test process: left behind, they piled up in /tmp
   return r;
 }
 

@@ -43,10 +43,10 @@ CmdResult run(const std::string& args) {
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
   r.status = pclose(p);
-  std::ifstream e(err_path);
   std::stringstream ss;
-  ss << e.rdbuf();
+  ss << std::ifstream(err_path).rdbuf();
   r.err = ss.str();
+  std::remove(err_path.c_str());
   return r;
 }
 
