@@ -7,7 +7,12 @@
 
 #include "model/model.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <new>
 #include <vector>
 
@@ -79,18 +84,51 @@ void Model::pack_weights() {
   uint8_t* arena = huge_alloc(total);
   if (arena == nullptr) throw std::bad_alloc();
   packed_arena_.reset(arena);
-  packed_.reserve(todo.size());
-  packed_k_.reserve(todo.size());
+  // Every matrix's place is fixed first (arena offset, index in its vector), then the matrices are packed on
+  // up to 8 threads, largest first (the output head is a quarter of a small model), each dropping its file
+  // pages as soon as it is done so resident memory stays near one copy. One thread took 0.5-1.1 s beside
+  // a 0.1-0.6 s load for the Qwen3-0.6B shape; a 7B model has ten times the bytes.
+  struct Job {
+    Weight* w;
+    uint8_t* at;
+    size_t index;  // in packed_ (Q8_0) or packed_k_ (Q4_K)
+  };
+  std::vector<Job> jobs;
+  size_t n_q8 = 0, n_k = 0;
   for (Weight* w : todo) {
-    if (w->type == DType::Q8_0) {
-      packed_.push_back(kernels::pack_q8_0_into(arena, w->data, w->n_out, w->n_in));
-      w->packed = &packed_.back();
-    } else {
-      packed_k_.push_back(kernels::pack_q4_k_into(arena, w->data, w->n_out, w->n_in));
-      w->packed_k = &packed_k_.back();
-    }
+    jobs.push_back({w, arena, w->type == DType::Q8_0 ? n_q8++ : n_k++});
     arena += slot(w);
-    if (gguf_) gguf_->drop_resident(w->data, row_bytes(w->type, static_cast<uint64_t>(w->n_in)) * static_cast<uint64_t>(w->n_out));
+  }
+  packed_.resize(n_q8);
+  packed_k_.resize(n_k);
+  std::sort(jobs.begin(), jobs.end(), [&](const Job& x, const Job& y) { return slot(x.w) > slot(y.w); });
+  std::atomic<size_t> next{0};
+  std::exception_ptr failed;
+  std::mutex failed_mu;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+      const Job& j = jobs[i];
+      try {
+        if (j.w->type == DType::Q8_0) packed_[j.index] = kernels::pack_q8_0_into(j.at, j.w->data, j.w->n_out, j.w->n_in);
+        else packed_k_[j.index] = kernels::pack_q4_k_into(j.at, j.w->data, j.w->n_out, j.w->n_in);
+      } catch (...) {
+        const std::lock_guard lock(failed_mu);
+        if (!failed) failed = std::current_exception();
+        continue;
+      }
+      if (gguf_) gguf_->drop_resident(j.w->data, row_bytes(j.w->type, static_cast<uint64_t>(j.w->n_in)) * static_cast<uint64_t>(j.w->n_out));
+    }
+  };
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  {
+    std::vector<std::jthread> helpers;
+    for (unsigned t = 1; t < n_threads; ++t) helpers.emplace_back(work);
+    work();
+  }
+  if (failed) std::rethrow_exception(failed);
+  for (const Job& j : jobs) {
+    if (j.w->type == DType::Q8_0) j.w->packed = &packed_[j.index];
+    else j.w->packed_k = &packed_k_[j.index];
   }
 }
 
