@@ -175,5 +175,54 @@ TEST(MatmulPacked, PaddingRowsAndShapeErrors) {
   }
 }
 
+// packed_concat (Q|K|V as one matmul in the forward): parts packed back to back read as one matrix give each
+// output the bits it has in its own part, on every path; parts that do not lie so give an empty view.
+TEST(MatmulPacked, ConcatOfPartsBackToBackGivesEachPartsBits) {
+  std::mt19937 rng(16);
+  const int64_t n_in = 96, rows[] = {32, 16, 37};
+  std::vector<std::vector<uint8_t>> w;
+  size_t total = 0;
+  for (int64_t r : rows) {
+    w.push_back(make_q8(r, n_in, rng));
+    total += PackedQ8::bytes_for(r, n_in);
+  }
+  std::vector<uint8_t> arena(total + 64);
+  uint8_t* at = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+  std::vector<PackedQ8> parts;
+  for (size_t i = 0; i < w.size(); ++i) {
+    parts.push_back(pack_q8_0_into(at, w[i].data(), rows[i], n_in));
+    at += parts.back().bytes();
+  }
+  const PackedQ8* ptrs[] = {&parts[0], &parts[1], &parts[2]};
+  const PackedQ8 all = packed_concat(ptrs);
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all.n_out(), 32 + 16 + 37);
+  const int64_t n_tokens = 5;
+  const auto x = make_x(n_tokens, n_in, rng);
+  for (Isa isa : {Isa::Scalar, Isa::Avx512}) {
+    if (!cpu_supports(isa)) continue;
+    const auto y = run(all, x, n_tokens, nullptr, isa);
+    int64_t o0 = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto yi = run(parts[i], x, n_tokens, nullptr, isa);
+      for (int64_t t = 0; t < n_tokens; ++t)
+        for (int64_t o = 0; o < rows[i]; ++o)
+          ASSERT_TRUE(same_bits(yi[t * rows[i] + o], y[t * all.n_out() + o0 + o])) << isa_name(isa) << " part " << i << " t" << t;
+      o0 += rows[i];
+    }
+  }
+  const PackedQ8* gap[] = {&parts[0], &parts[2]};  // not adjacent
+  EXPECT_FALSE(packed_concat(gap));
+  // 37 rows then 16, back to back: the first's last group is padded, so the second's rows would not follow.
+  std::vector<uint8_t> arena2(PackedQ8::bytes_for(37, n_in) + PackedQ8::bytes_for(16, n_in) + 64);
+  uint8_t* at2 = arena2.data() + (64 - reinterpret_cast<uintptr_t>(arena2.data()) % 64) % 64;
+  const PackedQ8 a37 = pack_q8_0_into(at2, w[2].data(), 37, n_in);
+  const PackedQ8 a16 = pack_q8_0_into(at2 + a37.bytes(), w[1].data(), 16, n_in);
+  const PackedQ8* padded[] = {&a37, &a16};
+  EXPECT_FALSE(packed_concat(padded));
+  const PackedQ8* last_padded[] = {&a16};
+  EXPECT_TRUE(packed_concat(last_padded));
+}
+
 }  // namespace
 }  // namespace kvpack::kernels

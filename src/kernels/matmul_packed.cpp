@@ -126,6 +126,44 @@ PackedQ4K pack_q4_k_into(uint8_t* mem, const void* W, int64_t n_out, int64_t n_i
   return p;
 }
 
+namespace {
+
+// Rows of the concatenation, or -1 when the parts do not lie back to back as packed_concat needs.
+template <class P>
+int64_t concat_rows(std::span<const P* const> parts) {
+  if (parts.empty() || !*parts[0]) return -1;
+  int64_t n_out = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const P& p = *parts[i];
+    if (!p || p.n_in() != parts[0]->n_in()) return -1;
+    if (i + 1 < parts.size() && (p.n_out() % P::kRows != 0 || p.group(0) + p.bytes() != parts[i + 1]->group(0))) return -1;
+    n_out += p.n_out();
+  }
+  return n_out;
+}
+
+}  // namespace
+
+PackedQ8 packed_concat(std::span<const PackedQ8* const> parts) {
+  PackedQ8 v;
+  if (const int64_t n = concat_rows(parts); n > 0) {
+    v.data_ = parts[0]->group(0);
+    v.n_out_ = n;
+    v.n_in_ = parts[0]->n_in();
+  }
+  return v;
+}
+
+PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts) {
+  PackedQ4K v;
+  if (const int64_t n = concat_rows(parts); n > 0) {
+    v.data_ = parts[0]->group(0);
+    v.n_out_ = n;
+    v.n_in_ = parts[0]->n_in();
+  }
+  return v;
+}
+
 namespace detail {
 
 // The reference arithmetic of PackedQ4K (matmul_packed.h), one output at a time.

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "kernels/cpu_features.h"
 #include "util/huge_alloc.h"
@@ -49,6 +50,7 @@ class PackedQ8 {
  private:
   friend PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in);
   friend PackedQ8 pack_q8_0_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+  friend PackedQ8 packed_concat(std::span<const PackedQ8* const> parts);
   const uint8_t* data_ = nullptr;
   std::unique_ptr<uint8_t, FreeBytes> owned_;  // empty for a view into memory its caller owns
   int64_t n_out_ = 0, n_in_ = 0;
@@ -64,6 +66,11 @@ PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in);
 // The same into dst (PackedQ8::bytes_for() bytes, 64-byte aligned, owned by the caller and outliving the
 // result): a model packs all its matrices into one arena (one rounding to 2 MiB, not one per matrix).
 PackedQ8 pack_q8_0_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+
+// A view of packed matrices that lie back to back in memory (each but the last with a multiple of 16 rows,
+// the same n_in) as one matrix of their rows in order: Q|K|V or gate|up as one matmul, whose every output has
+// the bits it has in its own matrix (one chain per output). Empty (false) when they do not lie so.
+PackedQ8 packed_concat(std::span<const PackedQ8* const> parts);
 
 // y[t][o] = sum_i W[o][i] x[t][i] for the packed W (arithmetic above), on `isa` (Isa::Avx512 or
 // Isa::Scalar; throws std::invalid_argument for an ISA this CPU lacks or one without a packed path).
@@ -115,6 +122,7 @@ class PackedQ4K {
  private:
   friend PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in);
   friend PackedQ4K pack_q4_k_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+  friend PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts);
   const uint8_t* data_ = nullptr;
   std::unique_ptr<uint8_t, FreeBytes> owned_;
   int64_t n_out_ = 0, n_in_ = 0;
@@ -123,6 +131,8 @@ class PackedQ4K {
 // As pack_q8_0 / pack_q8_0_into for Q4_K rows (n_in a positive multiple of 256, else std::invalid_argument).
 PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in);
 PackedQ4K pack_q4_k_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
+// As packed_concat of PackedQ8.
+PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts);
 
 // y[t][o] = sum_i W[o][i] x[t][i] for the packed Q4_K W (arithmetic above); `isa` as for PackedQ8.
 void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* y, ThreadPool* pool,

@@ -40,6 +40,11 @@ void gelu_mul(float* a, const float* b, int64_t n) {
 
 // Prefill query tokens are split into blocks so both threads get attention work even with few KV heads.
 constexpr int32_t kAttnTokenBlock = 64;
+// Up to this many tokens in a forward call, Q|K|V and gate|up run as one matmul each where the model fused
+// them (LayerWeights::wqkv / w_gate_up): at decode the two threads' sync and the activation quantisation per
+// matmul cost more than the split; bench_matmul, Q8_0, 2 threads: q + k + v 153 us vs 110 fused, gate + up
+// 206 vs 159 (1024 x 2048 / 1024 / 1024, 1024 x 3072 x 2). Larger calls (prefill) keep the separate matmuls.
+constexpr int64_t kFusedTokens = 16;
 // Attention scratch is sized for pages up to this many slots.
 constexpr int32_t kMaxPageSize = 256;
 
@@ -59,6 +64,8 @@ Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
   hb2_.resize(T * c.n_ff);
   rope_cs_.resize(T * static_cast<size_t>(c.rope_dims));
   logits_in_.resize(T * c.n_embd);
+  fused_.resize(static_cast<size_t>(std::min<int64_t>(T, kFusedTokens)) *
+                static_cast<size_t>(std::max<int64_t>(int64_t{c.q_dim()} + 2 * int64_t{c.kv_dim()}, 2 * int64_t{c.n_ff})));
   pos_.resize(T);
   attn_scratch_per_thread_ = kernels::attention_scratch_floats(std::min(kAttnTokenBlock, max_batch_tokens), c.group(),
                                                                c.head_dim, kMaxPageSize);
@@ -129,9 +136,20 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = W.layers[static_cast<size_t>(l)];
     for (int64_t t = 0; t < total; ++t) kernels::rmsnorm(x_.data() + t * E, L.attn_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
-    matmul(L.wq, xb_.data(), total, q_.data(), pool_);
-    matmul(L.wk, xb_.data(), total, k_.data(), pool_);
-    matmul(L.wv, xb_.data(), total, v_.data(), pool_);
+    if (L.wqkv && total <= kFusedTokens) {
+      // One matmul over Q|K|V, its rows split after (the same bits per output as the three matmuls).
+      matmul(L.wqkv, xb_.data(), total, fused_.data(), pool_);
+      for (int64_t t = 0; t < total; ++t) {
+        const float* r = fused_.data() + t * (QD + 2 * KVD);
+        std::copy(r, r + QD, q_.data() + t * QD);
+        std::copy(r + QD, r + QD + KVD, k_.data() + t * KVD);
+        std::copy(r + QD + KVD, r + QD + 2 * KVD, v_.data() + t * KVD);
+      }
+    } else {
+      matmul(L.wq, xb_.data(), total, q_.data(), pool_);
+      matmul(L.wk, xb_.data(), total, k_.data(), pool_);
+      matmul(L.wv, xb_.data(), total, v_.data(), pool_);
+    }
     add_bias(q_.data(), L.bq, total);
     add_bias(k_.data(), L.bk, total);
     add_bias(v_.data(), L.bv, total);
@@ -176,8 +194,18 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
         kernels::rmsnorm(xb_.data() + t * E, L.attn_post_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
     kernels::add_inplace(x_.data(), xb_.data(), total * E);
     for (int64_t t = 0; t < total; ++t) kernels::rmsnorm(x_.data() + t * E, L.ffn_norm.f32(), E, c.rms_eps, xb_.data() + t * E);
-    matmul(L.w_gate, xb_.data(), total, hb_.data(), pool_);
-    matmul(L.w_up, xb_.data(), total, hb2_.data(), pool_);
+    if (L.w_gate_up && total <= kFusedTokens) {
+      const int64_t F = c.n_ff;
+      matmul(L.w_gate_up, xb_.data(), total, fused_.data(), pool_);
+      for (int64_t t = 0; t < total; ++t) {
+        const float* r = fused_.data() + t * 2 * F;
+        std::copy(r, r + F, hb_.data() + t * F);
+        std::copy(r + F, r + 2 * F, hb2_.data() + t * F);
+      }
+    } else {
+      matmul(L.w_gate, xb_.data(), total, hb_.data(), pool_);
+      matmul(L.w_up, xb_.data(), total, hb2_.data(), pool_);
+    }
     if (c.gelu_ffn)
       gelu_mul(hb_.data(), hb2_.data(), total * c.n_ff);
     else

@@ -89,6 +89,7 @@ class Forward {
   ThreadPool* pool_;
   int32_t max_tokens_;
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, rope_cs_, rope_cs_swa_, logits_in_;
+  std::vector<float> fused_;  // a fused Q|K|V or gate|up matmul's output rows (up to kFusedTokens tokens)
   std::vector<int32_t> pos_;
   std::vector<float> attn_scratch_;
   size_t attn_scratch_per_thread_ = 0;

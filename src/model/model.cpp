@@ -130,6 +130,40 @@ void Model::pack_weights() {
     if (j.w->type == DType::Q8_0) j.w->packed = &packed_[j.index];
     else j.w->packed_k = &packed_k_[j.index];
   }
+  // Q|K|V and gate|up packed back to back (todo's order) become one matrix each where the layout allows.
+  fused_.reserve(2 * w_.layers.size());
+  fused_k_.reserve(2 * w_.layers.size());
+  auto fuse = [&](std::initializer_list<const Weight*> parts, Weight& into) {
+    const Weight& first = **parts.begin();
+    int64_t n_out = 0;
+    for (const Weight* p : parts) {
+      if (p->type != first.type || (p->packed == nullptr && p->packed_k == nullptr)) return;
+      n_out += p->n_out;
+    }
+    if (first.packed != nullptr) {
+      std::vector<const kernels::PackedQ8*> v;
+      for (const Weight* p : parts) v.push_back(p->packed);
+      kernels::PackedQ8 c = kernels::packed_concat(v);
+      if (!c) return;
+      fused_.push_back(std::move(c));
+      into.packed = &fused_.back();
+    } else {
+      std::vector<const kernels::PackedQ4K*> v;
+      for (const Weight* p : parts) v.push_back(p->packed_k);
+      kernels::PackedQ4K c = kernels::packed_concat(v);
+      if (!c) return;
+      fused_k_.push_back(std::move(c));
+      into.packed_k = &fused_k_.back();
+    }
+    into.data = first.data;
+    into.type = first.type;
+    into.n_in = first.n_in;
+    into.n_out = n_out;
+  };
+  for (LayerWeights& l : w_.layers) {
+    fuse({&l.wq, &l.wk, &l.wv}, l.wqkv);
+    fuse({&l.w_gate, &l.w_up}, l.w_gate_up);
+  }
 }
 
 void Model::check_hparams(const std::string& where) {

@@ -94,6 +94,10 @@ struct LayerWeights {
   Weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;
   Weight ffn_norm, w_gate, w_up, w_down;
   Weight attn_post_norm, ffn_post_norm;  // gemma3
+  // Q|K|V and gate|up as one packed matrix each (Model::pack_weights, when their packed forms lie back to
+  // back): `packed` / `packed_k` set, `data` that of the first part (not a row layout of the whole). The
+  // forward uses them for a few tokens at a time, where one parallel region instead of three (two) is the gain.
+  Weight wqkv, w_gate_up;
 };
 
 struct ModelWeights {
@@ -144,6 +148,8 @@ class Model {
   std::vector<float> owned_;  // llama2.c weights
   std::vector<kernels::PackedQ8> packed_;  // what Weight::packed points to (sized once: pointers stay valid)
   std::vector<kernels::PackedQ4K> packed_k_;  // what Weight::packed_k points to
+  std::vector<kernels::PackedQ8> fused_;      // the LayerWeights::wqkv / w_gate_up views
+  std::vector<kernels::PackedQ4K> fused_k_;
   std::unique_ptr<uint8_t, FreeBytes> packed_arena_;  // the packed matrices' bytes, one allocation
   size_t weight_bytes_ = 0;
   std::string chat_template_;
