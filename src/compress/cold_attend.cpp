@@ -9,7 +9,6 @@ void ColdAttend::bind(kv::EvictedKv& cold, const kv::SequenceKv& kv) {
   kv_ = &kv;
   complete_ = true;
   pages_read_ = 0;
-  bytes_read_ = 0;
   read_seconds_ = 0;
   views_.clear();
   range_.assign(static_cast<size_t>(cold.n_streams()), {0, 0});
@@ -36,35 +35,28 @@ void ColdAttend::load_layer(int32_t layer) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::span<const bool> ok = cold_->read_many(refs_, outs_);  // one batched tier call for the layer
   read_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Views: pages_ is filled first (its addresses are final once reserved), views refer into it.
+  // One view per run of full records of a stream; a partial record (the last of a compression event) ends
+  // its run. pages_ never reallocates (reserved for every record), so the views may point into it.
   pages_.reserve(refs_.size());
   kernels::KvStreamView base = kv_->view(refs_[0].stream);
   base.v_offset = pool.v_offset();
-  for (size_t i = 0; i < refs_.size();) {
-    const int32_t s = refs_[i].stream;
-    const auto first = static_cast<int32_t>(views_.size());
-    while (i < refs_.size() && refs_[i].stream == s) {
-      // A run of full records, or one partial record.
-      kernels::KvStreamView v = base;
-      v.pages = pages_.data() + pages_.size();
-      v.n_slots = 0;
-      while (i < refs_.size() && refs_[i].stream == s) {
-        const int32_t n = cold_->pages(s)[static_cast<size_t>(refs_[i].page)].n_slots;
-        if (!ok[i]) {
-          complete_ = false;
-          ++i;
-          continue;
-        }
-        if (v.n_slots % ps != 0) break;  // the run ended with a partial record
-        pages_.push_back(outs_[i]);
-        v.n_slots += n;
-        ++pages_read_;
-        bytes_read_ += rec;
-        ++i;
-      }
-      if (v.n_slots > 0) views_.push_back(v);
+  for (size_t i = 0; i < refs_.size(); ++i) {
+    if (!ok[i]) {
+      complete_ = false;  // the check is reported skipped: what the views hold no longer matters
+      continue;
     }
-    range_[static_cast<size_t>(s)] = {first, static_cast<int32_t>(views_.size())};
+    const int32_t s = refs_[i].stream;
+    auto& range = range_[static_cast<size_t>(s)];
+    if (range.first == range.second || views_.back().n_slots % ps != 0) {  // the stream's first view, or after a partial
+      if (range.first == range.second) range.first = static_cast<int32_t>(views_.size());
+      views_.push_back(base);
+      views_.back().pages = pages_.data() + pages_.size();
+      views_.back().n_slots = 0;
+      range.second = static_cast<int32_t>(views_.size());
+    }
+    pages_.push_back(outs_[i]);
+    views_.back().n_slots += cold_->pages(s)[static_cast<size_t>(refs_[i].page)].n_slots;
+    ++pages_read_;
   }
 }
 

@@ -36,7 +36,6 @@ class ColdAttend final : public ExtraKv {
 
   bool complete() const { return complete_; }  // every cold page of every loaded layer was read
   int64_t pages_read() const { return pages_read_; }
-  uint64_t bytes_read() const { return bytes_read_; }
   double read_seconds() const { return read_seconds_; }  // in load_layer's tier reads since bind()
 
  private:
@@ -44,7 +43,6 @@ class ColdAttend final : public ExtraKv {
   const kv::SequenceKv* kv_ = nullptr;
   bool complete_ = true;
   int64_t pages_read_ = 0;
-  uint64_t bytes_read_ = 0;
   double read_seconds_ = 0;
   std::vector<uint8_t> records_;                    // this layer's records, back to back
   std::vector<kv::EvictedKv::PageRef> refs_;

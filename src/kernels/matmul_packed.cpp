@@ -144,8 +144,9 @@ int64_t concat_rows(std::span<const P* const> parts) {
 
 }  // namespace
 
-PackedQ8 packed_concat(std::span<const PackedQ8* const> parts) {
-  PackedQ8 v;
+template <class P>
+P concat_view(std::span<const P* const> parts) {
+  P v;
   if (const int64_t n = concat_rows(parts); n > 0) {
     v.data_ = parts[0]->group(0);
     v.n_out_ = n;
@@ -154,15 +155,8 @@ PackedQ8 packed_concat(std::span<const PackedQ8* const> parts) {
   return v;
 }
 
-PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts) {
-  PackedQ4K v;
-  if (const int64_t n = concat_rows(parts); n > 0) {
-    v.data_ = parts[0]->group(0);
-    v.n_out_ = n;
-    v.n_in_ = parts[0]->n_in();
-  }
-  return v;
-}
+PackedQ8 packed_concat(std::span<const PackedQ8* const> parts) { return concat_view(parts); }
+PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts) { return concat_view(parts); }
 
 namespace detail {
 

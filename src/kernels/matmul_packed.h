@@ -30,6 +30,9 @@
 
 namespace kvpack::kernels {
 
+template <class P>
+P concat_view(std::span<const P* const> parts);
+
 class PackedQ8 {
  public:
   static constexpr int kRows = 16;          // rows per group
@@ -50,7 +53,8 @@ class PackedQ8 {
  private:
   friend PackedQ8 pack_q8_0(const void* W, int64_t n_out, int64_t n_in);
   friend PackedQ8 pack_q8_0_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
-  friend PackedQ8 packed_concat(std::span<const PackedQ8* const> parts);
+  template <class P>
+  friend P concat_view(std::span<const P* const> parts);  // packed_concat's body (matmul_packed.cpp)
   const uint8_t* data_ = nullptr;
   std::unique_ptr<uint8_t, FreeBytes> owned_;  // empty for a view into memory its caller owns
   int64_t n_out_ = 0, n_in_ = 0;
@@ -122,7 +126,8 @@ class PackedQ4K {
  private:
   friend PackedQ4K pack_q4_k(const void* W, int64_t n_out, int64_t n_in);
   friend PackedQ4K pack_q4_k_into(uint8_t* dst, const void* W, int64_t n_out, int64_t n_in);
-  friend PackedQ4K packed_concat(std::span<const PackedQ4K* const> parts);
+  template <class P>
+  friend P concat_view(std::span<const P* const> parts);
   const uint8_t* data_ = nullptr;
   std::unique_ptr<uint8_t, FreeBytes> owned_;
   int64_t n_out_ = 0, n_in_ = 0;

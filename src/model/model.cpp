@@ -33,6 +33,18 @@ void check_positive_finite(const std::string& where, const char* field, double v
     throw ModelError(where + ": " + field + " = " + std::to_string(v) + " must be a positive finite number");
 }
 
+// The parts' packed forms (`member`: Weight::packed or ::packed_k) as one matrix (kernels::packed_concat),
+// kept in `store` (reserved: the pointer stays valid); nullptr when they do not lie back to back.
+template <class P>
+const P* concat_packed(std::initializer_list<const Weight*> parts, const P* Weight::*member, std::vector<P>& store) {
+  std::vector<const P*> v;
+  for (const Weight* p : parts) v.push_back(p->*member);
+  P c = kernels::packed_concat(v);
+  if (!c) return nullptr;
+  store.push_back(std::move(c));
+  return &store.back();
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
@@ -140,21 +152,9 @@ void Model::pack_weights() {
       if (p->type != first.type || (p->packed == nullptr && p->packed_k == nullptr)) return;
       n_out += p->n_out;
     }
-    if (first.packed != nullptr) {
-      std::vector<const kernels::PackedQ8*> v;
-      for (const Weight* p : parts) v.push_back(p->packed);
-      kernels::PackedQ8 c = kernels::packed_concat(v);
-      if (!c) return;
-      fused_.push_back(std::move(c));
-      into.packed = &fused_.back();
-    } else {
-      std::vector<const kernels::PackedQ4K*> v;
-      for (const Weight* p : parts) v.push_back(p->packed_k);
-      kernels::PackedQ4K c = kernels::packed_concat(v);
-      if (!c) return;
-      fused_k_.push_back(std::move(c));
-      into.packed_k = &fused_k_.back();
-    }
+    if (first.packed != nullptr) into.packed = concat_packed(parts, &Weight::packed, fused_);
+    else into.packed_k = concat_packed(parts, &Weight::packed_k, fused_k_);
+    if (into.packed == nullptr && into.packed_k == nullptr) return;
     into.data = first.data;
     into.type = first.type;
     into.n_in = first.n_in;
