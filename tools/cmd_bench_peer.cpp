@@ -15,8 +15,10 @@
 // embedding is the output head) + KV at that depth (f16 K and V of every layer); for prefill the
 // weights are read once per forward of --batch tokens, so prefill is compute bound and its fraction
 // is small (GFLOP/s are printed too). Bandwidth: a --threads-thread streaming read of a 1 GiB buffer,
-// measured before the runs, before each depth (each phase's roofline uses the measurement taken right
-// before it: on a shared machine the bandwidth available moves with other tenants' traffic) and after.
+// measured before the runs and after; for each decode phase before it, after every round of both engines
+// and after it, and that phase's roofline uses the median of its readings (on a shared machine the bandwidth
+// available moves with other tenants' traffic: one reading right before a phase read 55 GB/s where the
+// readings around it read 35, and the phase's fraction swung by 30 points with it).
 //
 // This file: the command, its options, the kvpack side and the phase-by-phase runs; the llama.cpp
 // driver is in cmd_bench_peer_llama.cpp, the bandwidth measurement and the report in
@@ -101,8 +103,10 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
 struct AlternatedSteps {
   std::vector<double> kvpack, llama;
 };
-template <class KvRound, class PeerRound>
-AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, KvRound&& kv, PeerRound&& peer) {
+// `after_round()` runs after each round of both engines (a bandwidth reading, PhaseBandwidth).
+template <class KvRound, class PeerRound, class AfterRound>
+AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, KvRound&& kv, PeerRound&& peer,
+                                 AfterRound&& after_round) {
   AlternatedSteps out;
   for (int32_t r = 0; r < rounds; ++r) {
     const int32_t n = std::min(b.round_steps, b.decode_tokens - r * b.round_steps);
@@ -116,9 +120,35 @@ AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_
         out.llama.insert(out.llama.end(), v.begin(), v.end());
       }
     }
+    after_round();
   }
   return out;
 }
+
+// The bandwidth readings of one phase (before it, after each round, after it); its roofline uses their
+// median. Not thread-safe (the bench's one thread).
+class PhaseBandwidth {
+ public:
+  PhaseBandwidth(int threads, size_t bytes, double* best) : threads_(threads), bytes_(bytes), best_(best) {}
+  void read(int tries) {
+    v_.push_back(measure_bandwidth(threads_, bytes_, tries));
+    *best_ = std::max(*best_, v_.back());
+  }
+  double latest() const { return v_.back(); }
+  double median() const { return kvpack::cli::median(v_); }
+  std::string describe() const {
+    char s[160];
+    std::snprintf(s, sizeof s, "median %.1f GB/s of %zu readings (%.1f-%.1f)", median() / 1e9, v_.size(),
+                  *std::min_element(v_.begin(), v_.end()) / 1e9, *std::max_element(v_.begin(), v_.end()) / 1e9);
+    return s;
+  }
+
+ private:
+  int threads_;
+  size_t bytes_;
+  double* best_;
+  std::vector<double> v_;
+};
 
 }  // namespace
 
@@ -237,7 +267,7 @@ void add_bench_peer(CLI::App& bench) {
     const size_t bw_bytes = static_cast<size_t>(b->bw_mib) << 20;
     const double bw0 = measure_bandwidth(threads, bw_bytes, 5);
     double bw_max = bw0;  // best of all measurements in this run (printed at the end)
-    double bw_now = bw0;  // the latest measurement: each phase's roofline uses the one taken right before it
+    double bw_now = bw0;  // the bandwidth of the phase being reported (prefill: this first reading)
     std::printf("# bandwidth (%d-thread streaming read of %s, best of 5): %.1f GB/s; load average %s\n", threads,
                 gib(static_cast<double>(bw_bytes)).c_str(), bw0 / 1e9, loadavg().c_str());
     std::fflush(stdout);
@@ -303,11 +333,9 @@ void add_bench_peer(CLI::App& bench) {
     std::unique_ptr<kv::SequenceKv> real_seq;  // --kvpack-real-fill: one growing sequence, like llama.cpp's
     for (int32_t depth : b->depths) {
       phases.note("(decode at depth " + std::to_string(depth) + ")");
-      {
-        bw_now = measure_bandwidth(threads, bw_bytes, 3);
-        bw_max = std::max(bw_max, bw_now);
-        std::printf("# bandwidth before depth %d: %.1f GB/s; load average %s\n", depth, bw_now / 1e9, loadavg().c_str());
-      }
+      PhaseBandwidth pbw(threads, bw_bytes, &bw_max);
+      pbw.read(3);
+      std::printf("# bandwidth before depth %d: %.1f GB/s; load average %s\n", depth, pbw.latest() / 1e9, loadavg().c_str());
       std::mt19937 r2(static_cast<uint32_t>(b->seed + static_cast<uint64_t>(depth)));
       std::unique_ptr<kv::SequenceKv> synth;
       kv::SequenceKv* seq = nullptr;
@@ -349,7 +377,10 @@ void add_bench_peer(CLI::App& bench) {
           *b, rounds, peer.peer != nullptr, [&](int32_t warm, int32_t n) { return kvpack_decode_steps(engine, *seq, warm, n, r2); },
           [&](int32_t warm, int32_t n) {
             return peer.peer->request({{"cmd", "steps"}, {"n", n}, {"warmup", warm}})["steps"].get<std::vector<double>>();
-          });
+          },
+          [&] { pbw.read(2); });
+      bw_now = pbw.median();
+      std::printf("# bandwidth during depth %d: %s\n", depth, pbw.describe().c_str());
       const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       const double kv_tps = 1.0 / median(ksteps);
       const double ll_tps = lsteps.empty() ? 0.0 : 1.0 / median(lsteps);
@@ -383,6 +414,9 @@ void add_bench_peer(CLI::App& bench) {
         double step_s = 0;  // mean, not median: the compaction event is one step in `interval`
         for (double x : steps) step_s += x / n;
         const double c_tps = 1.0 / step_s;
+        pbw.read(2);  // after the compressed run (kvpack alone)
+        bw_now = pbw.median();
+        std::printf("# bandwidth during depth %d with the compressed run: %s\n", depth, pbw.describe().c_str());
         const double c_bytes = W + kv_per_token * (kvc.budget + 0.5 * kvc.interval);
         const double c_roof = bw_now / c_bytes;
         const std::string label = std::string("decode-") + compress::policy_name(kvc.policy) + "-b" + std::to_string(kvc.budget);
@@ -408,9 +442,9 @@ void add_bench_peer(CLI::App& bench) {
     for (int32_t N : b->batch_seqs) {
       const int32_t D = b->batch_depth;
       phases.note("(batched decode, " + std::to_string(N) + " sequences)");
-      bw_now = measure_bandwidth(threads, bw_bytes, 3);
-      bw_max = std::max(bw_max, bw_now);
-      std::printf("# bandwidth before batch %d: %.1f GB/s; load average %s\n", N, bw_now / 1e9, loadavg().c_str());
+      PhaseBandwidth pbw(threads, bw_bytes, &bw_max);
+      pbw.read(3);
+      std::printf("# bandwidth before batch %d: %.1f GB/s; load average %s\n", N, pbw.latest() / 1e9, loadavg().c_str());
       std::mt19937 r3(static_cast<uint32_t>(b->seed + 1000003u * static_cast<uint64_t>(N)));
       std::vector<std::unique_ptr<kv::SequenceKv>> seqs;
       double kv_fill_s = 0;
@@ -474,7 +508,10 @@ void add_bench_peer(CLI::App& bench) {
           },
           [&](int32_t warm, int32_t n) {
             return peer.peer->request({{"cmd", "batchSteps"}, {"n", n}, {"warmup", warm}})["rounds"].get<std::vector<double>>();
-          });
+          },
+          [&] { pbw.read(2); });
+      bw_now = pbw.median();
+      std::printf("# bandwidth during batch %d: %s\n", N, pbw.describe().c_str());
       const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       if (peer.peer) peer.peer->request({{"cmd", "batchClose"}});
       seqs.clear();
@@ -500,8 +537,8 @@ void add_bench_peer(CLI::App& bench) {
 
     const double bw1 = measure_bandwidth(threads, bw_bytes, 5);
     bw_max = std::max(bw_max, bw1);
-    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each roofline uses the measurement "
-                "taken right before its phase; the spread is other tenants' memory traffic)\n",
+    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each decode roofline uses the median "
+                "of the readings before, between the rounds of and after its phase; the spread is other tenants' memory traffic)\n",
                 loadavg().c_str(), bw1 / 1e9, bw_max / 1e9);
     print_table(rows);
   });
