@@ -10,8 +10,13 @@
 //   read_roofline/TYPE/slots:N      a plain sum over the same K/V bytes in the same page order -> "kv" rate:
 //                                   the memory roofline of the decode rows above, measured in the same run
 //                                   (decode "kv" / read_roofline "kv" = the kernel's fraction of roofline).
+//   layer/{decode,read}/TYPE/slots:N/pages:{shuffled,ordered}/threads:2   one layer of decode at depth as the
+//                                   engine runs it: 8 KV-head streams as 8 tasks on a 2-thread pool (wall time),
+//                                   the kernel's best ISA, and the plain read of the same bytes beside it; pages
+//                                   shuffled, or each stream's pages in address order (a sequence filled by long
+//                                   appends: the engine's PagePool hands out never-used pages in order).
 // Rates are SI (G = 1e9). The decode streams rotate over >= 256 MB of pages whose order is shuffled within
-// a shared pool, so every call reads K/V from DRAM through scattered page addresses as in real decode.
+// a shared pool (unless "ordered"), so every call reads K/V from DRAM as in real decode.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -35,6 +40,7 @@
 #include "kernels/attention.h"
 #include "util/half.h"
 #include "util/huge_alloc.h"
+#include "util/thread_pool.h"
 
 namespace {
 
@@ -65,9 +71,9 @@ struct Streams {
   size_t stream_bytes() const { return static_cast<size_t>(n_slots) * 2 * kv_row_bytes(type, kHeadDim); }
 };
 
-const Streams& streams(DType type, int32_t n_slots, bool rotate) {
+const Streams& streams(DType type, int32_t n_slots, bool rotate, bool shuffled = true) {
   static Streams s;  // one set alive at a time
-  const int32_t want = rotate ? -1 : 1;
+  const int32_t want = rotate ? (shuffled ? -1 : -2) : 1;
   static int32_t built_for = 0;
   if (s.mem && s.type == type && s.n_slots == n_slots && built_for == want) return s;
   built_for = want;
@@ -97,7 +103,7 @@ const Streams& streams(DType type, int32_t n_slots, bool rotate) {
   }
   std::vector<size_t> perm(total_pages);
   std::iota(perm.begin(), perm.end(), size_t{0});
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
   s.pages.resize(total_pages);
   for (size_t p = 0; p < total_pages; ++p) s.pages[p] = base + perm[p] * s.page_bytes;
   return s;
@@ -170,6 +176,26 @@ __attribute__((target("avx512f"))) uint64_t sum_bytes_avx512(const uint8_t* p, s
          sum_bytes(p + k, n - k);
 }
 
+// Every K then V byte of the stream's visible slots, page by page through its page table, with the kernel's
+// own prefetch (K then V of the page kAttentionPrefetchPages ahead, into L2, where kv_page_needs_prefetch
+// says): a ceiling, not a handicap.
+uint64_t read_stream(const KvStreamView& kv, int32_t n_slots, size_t row_bytes, bool avx512) {
+  const int32_t n_pages = (n_slots + kPageSize - 1) / kPageSize;
+  const size_t page_span = kv.v_offset + static_cast<size_t>(kPageSize) * row_bytes + 4096;
+  uint64_t acc = 0;
+  for (int32_t p = 0, left = n_slots; left > 0; ++p, left -= kPageSize) {
+    const size_t bytes = static_cast<size_t>(std::min(left, kPageSize)) * row_bytes;
+    const int32_t ahead = p + kAttentionPrefetchPages;
+    const bool pf = ahead < n_pages && kv_page_needs_prefetch(kv.pages, ahead, page_span);
+    for (const size_t off : {size_t{0}, kv.v_offset}) {
+      if (pf)
+        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(kv.pages[ahead] + off + o, 0, 1);
+      acc += avx512 ? sum_bytes_avx512(kv.pages[p] + off, bytes) : sum_bytes(kv.pages[p] + off, bytes);
+    }
+  }
+  return acc;
+}
+
 // Reads exactly the bytes decode reads (K rows then V rows of every visible slot, page by page, through the
 // same shuffled page table) and does nothing with them but a running sum: what one thread can pull from DRAM
 // over this access pattern, the ceiling for bm_decode on the same streams.
@@ -180,26 +206,53 @@ void bm_read_roofline(benchmark::State& state, DType type, int32_t n_slots) {
   int64_t i = 0;
   uint64_t acc = 0;
   for (auto _ : state) {
-    const KvStreamView kv = s.view(i++);
-    for (int32_t p = 0, left = n_slots; left > 0; ++p, left -= kPageSize) {
-      const size_t words = static_cast<size_t>(std::min(left, kPageSize)) * row_bytes / sizeof(uint64_t);
-      // The kernel's own prefetch (K then V of the page kAttentionPrefetchPages ahead, into L2): a ceiling,
-      // not a handicap.
-      const int32_t ahead = p + kAttentionPrefetchPages;
-      auto prefetch = [&](size_t off) {
-        if (ahead < s.n_pages)
-          for (size_t o = 0; o < words * sizeof(uint64_t); o += 64) __builtin_prefetch(kv.pages[ahead] + off + o, 0, 1);
-      };
-      for (const size_t off : {size_t{0}, kv.v_offset}) {
-        prefetch(off);
-        acc += avx512 ? sum_bytes_avx512(kv.pages[p] + off, words * sizeof(uint64_t))
-                      : sum_bytes(kv.pages[p] + off, words * sizeof(uint64_t));
-      }
-    }
+    acc += read_stream(s.view(i++), n_slots, row_bytes, avx512);
     benchmark::DoNotOptimize(acc);
   }
   state.counters["kv"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * static_cast<double>(s.stream_bytes()), benchmark::Counter::kIsRate);
+}
+
+// One layer of decode at depth on a 2-thread pool: kKvHeads streams (Qwen3-0.6B: 8 KV heads, group 2) as
+// kKvHeads tasks, as the forward splits attention; `read` = the plain sum of the same bytes instead.
+constexpr int kKvHeads = 8;
+uint64_t read_stream(const KvStreamView& kv, int32_t n_slots, size_t row_bytes, bool avx512);
+
+void bm_layer(benchmark::State& state, const char* isa, DType type, int32_t n_slots, bool shuffled, bool read) {
+  const Streams& s = streams(type, n_slots, true, shuffled);
+  static kvpack::ThreadPool pool(2);
+  const int32_t group = 2;
+  const std::vector<float> q = random_vec(static_cast<size_t>(group) * kHeadDim, 7);
+  std::vector<std::vector<float>> out(kKvHeads, std::vector<float>(q.size()));
+  std::vector<std::vector<float>> scratch(kKvHeads, std::vector<float>(attention_scratch_floats(1, group, kHeadDim, kPageSize)));
+  const size_t row_bytes = kv_row_bytes(type, kHeadDim);
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  uint64_t sums[kKvHeads * 8] = {};
+  int64_t i = 0;
+  for (auto _ : state) {
+    pool.run(kKvHeads, [&](int t, int) {
+      const KvStreamView kv = s.view(i * kKvHeads + t);
+      if (read) {
+        sums[t * 8] += read_stream(kv, n_slots, row_bytes, avx512);
+        return;
+      }
+      AttentionArgs a;
+      a.q = q.data();
+      a.q_stride = group * kHeadDim;
+      a.out = out[static_cast<size_t>(t)].data();
+      a.out_stride = group * kHeadDim;
+      a.n_new = 1;
+      a.group = group;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+      a.scratch = scratch[static_cast<size_t>(t)].data();
+      paged_attention_on(isa, kv, a);
+    });
+    ++i;
+    benchmark::DoNotOptimize(sums);
+    benchmark::ClobberMemory();
+  }
+  state.counters["kv"] = benchmark::Counter(static_cast<double>(state.iterations()) * kKvHeads * static_cast<double>(s.stream_bytes()),
+                                            benchmark::Counter::kIsRate);
 }
 
 void bm_prefill(benchmark::State& state, const char* isa, DType type, int32_t ctx, int32_t n_new, int32_t group) {
@@ -254,6 +307,15 @@ void register_all() {
       benchmark::RegisterBenchmark(("prefill/" + tn + "/ctx:2048/new:128/" + isa).c_str(), bm_prefill, isa, type, 2048,
                                    128, 2)
           ->Unit(benchmark::kMillisecond);
+    for (int32_t slots : {8192, 16384})
+      for (const bool shuffled : {true, false})
+        for (const bool read : {true, false}) {
+          const std::string name = std::string("layer/") + (read ? "read/" : "decode/") + tn + "/slots:" + std::to_string(slots) +
+                                   "/pages:" + (shuffled ? "shuffled" : "ordered") + "/threads:2";
+          benchmark::RegisterBenchmark(name.c_str(), bm_layer, isas[0], type, slots, shuffled, read)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
   }
 }
 

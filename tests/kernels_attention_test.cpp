@@ -615,3 +615,20 @@ TEST(Attention, RejectsInvalidArguments) {
 
 }  // namespace
 }  // namespace kvpack::kernels
+
+// Decode leaves pages that continue their stream in address order to the hardware prefetchers and
+// prefetches the others itself (kv_page_needs_prefetch): a page one record past the previous one, or in a
+// small forward gap, is a continuation; backwards, the same address or a jump of more than a record is not.
+TEST(AttentionPrefetch, OnlyPagesThatBreakAddressOrderArePrefetched) {
+  std::vector<uint8_t> arena(1 << 20);
+  const size_t rec = 8192 + 64, span = 8192 + 4096;
+  const uint8_t* base = arena.data();
+  const uint8_t* pages[] = {base, base + rec, base + 2 * rec, base + 2 * rec + 8192 + 4096, base + 40 * rec, base + 3 * rec,
+                            base + 3 * rec};
+  EXPECT_FALSE(kvpack::kernels::kv_page_needs_prefetch(pages, 1, span));  // next record
+  EXPECT_FALSE(kvpack::kernels::kv_page_needs_prefetch(pages, 2, span));
+  EXPECT_FALSE(kvpack::kernels::kv_page_needs_prefetch(pages, 3, span));  // gap of exactly the span
+  EXPECT_TRUE(kvpack::kernels::kv_page_needs_prefetch(pages, 4, span));   // far ahead
+  EXPECT_TRUE(kvpack::kernels::kv_page_needs_prefetch(pages, 5, span));   // backwards
+  EXPECT_TRUE(kvpack::kernels::kv_page_needs_prefetch(pages, 6, span));   // the same page again
+}

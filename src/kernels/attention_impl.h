@@ -15,7 +15,8 @@
 //   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are dequantised once per page and tile into the
 //   `conv` scratch tile (page_size x head_dim f32) by Kern::dequant_q8 and then go through the F32
 //   kernels: one conversion serves every query row of the tile (the whole GQA group in decode).
-//   Software prefetch four pages ahead along the page table, into L2 (see prefetch_block).
+//   Software prefetch four pages ahead along the page table, into L2 (see prefetch_block), of the pages that
+//   do not continue their stream in address order (kv_page_needs_prefetch: the hardware streams those).
 //
 // Each attention_<isa>.cpp defines a `Kern` with the page kernels (qk, softmax, pv, mass) and instantiates
 // run<Kern>. Everything below lives in an anonymous namespace on purpose: the ISA files are compiled with
@@ -128,6 +129,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t tt = tile_tokens(n_new, G);
   const Layout L = make_layout(a.scratch, n_new, G, hd, ps);
   const size_t block_bytes = static_cast<size_t>(ps) * kv_row_bytes(type, hd);  // K (or V) bytes of one page
+  const size_t page_span = kv.v_offset + block_bytes + 4096;  // a page record at most (kv_page_needs_prefetch)
   const int32_t hdp = L.hdp, psp = L.psp;
   // Q8_0 block -> f32 rows in L.conv (row stride hd), read by the F32 kernels.
   auto block = [&](const uint8_t* b, int32_t n) -> const uint8_t* {
@@ -157,7 +159,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       const int32_t s0 = pg * ps;
       const int32_t n = imin(ps, last_limit - s0);
       const uint8_t* page = kv.pages[pg];
-      const bool pf = pg + kPrefetchPages < n_pages;
+      const bool pf = pg + kPrefetchPages < n_pages && kv_page_needs_prefetch(kv.pages, pg + kPrefetchPages, page_span);
       if (pf) prefetch_block(kv.pages[pg + kPrefetchPages], block_bytes);
       Kern::qk(block(page, n), kind, n, hd, L.qs, hdp, R, L.scores, psp, L.conv);
       if (pf) prefetch_block(kv.pages[pg + kPrefetchPages] + kv.v_offset, block_bytes);
