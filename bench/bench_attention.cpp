@@ -216,7 +216,6 @@ void bm_read_roofline(benchmark::State& state, DType type, int32_t n_slots) {
 // One layer of decode at depth on a 2-thread pool: kKvHeads streams (Qwen3-0.6B: 8 KV heads, group 2) as
 // kKvHeads tasks, as the forward splits attention; `read` = the plain sum of the same bytes instead.
 constexpr int kKvHeads = 8;
-uint64_t read_stream(const KvStreamView& kv, int32_t n_slots, size_t row_bytes, bool avx512);
 
 void bm_layer(benchmark::State& state, const char* isa, DType type, int32_t n_slots, bool shuffled, bool read) {
   const Streams& s = streams(type, n_slots, true, shuffled);

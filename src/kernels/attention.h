@@ -56,9 +56,9 @@ inline constexpr int32_t kAttentionPrefetchPages = 4;
 // prefetchers stream such runs, and software prefetches on top of them halved the rate (bench_attention
 // layer/decode ordered, 2 threads: 25.7 GB/s with them, 50.6 without; scattered pages need them: 22.6 vs 15.4).
 inline bool kv_page_needs_prefetch(const uint8_t* const* pages, int32_t i, size_t page_span) {
-  const uint8_t* prev = pages[i - 1];
-  const uint8_t* cur = pages[i];
-  return !(cur > prev && static_cast<size_t>(cur - prev) <= page_span);
+  const auto prev = reinterpret_cast<uintptr_t>(pages[i - 1]);  // pages of different chunks: compare addresses
+  const auto cur = reinterpret_cast<uintptr_t>(pages[i]);
+  return !(cur > prev && cur - prev <= page_span);
 }
 
 struct KvStreamView {
