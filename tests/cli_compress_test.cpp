@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <unistd.h>
 
 #include "cli_util.h"
 
@@ -21,7 +22,7 @@ Proc run(const std::string& args) { return kvpack::test::run_kvpack(args); }
 std::string calib_path() {
   static std::string path;
   if (path.empty()) {
-    path = ::testing::TempDir() + "/stories260K.calib";
+    path = ::testing::TempDir() + "/stories260K_" + std::to_string(::getpid()) + ".calib";
     const Proc r = run("calibrate -m " + kModel + " --text " + kShared + "/corpora/austen.txt --max-tokens 4096 -o " + path);
     EXPECT_EQ(r.status, 0) << r.err;
   }

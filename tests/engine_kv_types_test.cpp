@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine_logits.h"
@@ -63,7 +64,7 @@ std::string tiny_qwen3() {  // head_dim 32: one Q8_0 block per row
     gguf::RandomModelSpec spec = gguf::RandomModelSpec::preset("tiny-qwen3");
     spec.n_ctx = 512;
     spec.seed = 5;
-    const std::string p = ::testing::TempDir() + "/kvtypes_tiny_qwen3.gguf";
+    const std::string p = ::testing::TempDir() + "/kvtypes_tiny_qwen3_" + std::to_string(::getpid()) + ".gguf";
     gguf::write_random_model(spec, p);
     return p;
   }();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine_logits.h"
@@ -36,7 +37,7 @@ gguf::RandomModelSpec q4k_spec(const char* preset, DType type) {
 }
 
 std::string write(const gguf::RandomModelSpec& s, const std::string& tag) {
-  const std::string path = ::testing::TempDir() + "/q4k_" + s.arch + "_" + tag + ".gguf";
+  const std::string path = ::testing::TempDir() + "/q4k_" + std::to_string(::getpid()) + "_" + s.arch + "_" + tag + ".gguf";
   gguf::write_random_model(s, path);
   return path;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "gguf/model_writer.h"
@@ -90,7 +91,7 @@ TEST(ModelReference, ArchitecturesAndWeightTypes) {
     spec.weight_type = cs.type;
     spec.n_ctx = 256;
     spec.seed = 7;
-    const std::string path = ::testing::TempDir() + "/" + cs.preset + "_" + std::string(dtype_name(cs.type)) + ".gguf";
+    const std::string path = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + cs.preset + "_" + std::string(dtype_name(cs.type)) + ".gguf";
     gguf::write_random_model(spec, path);
     auto m = Model::load(path);
     SCOPED_TRACE(std::string(cs.preset) + " " + std::string(dtype_name(cs.type)));

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "engine_logits.h"
 #include "gguf/gguf.h"
@@ -42,7 +43,7 @@ gguf::RandomModelSpec spec(DType type, uint32_t layers = 2, const std::string& m
 }
 
 std::string write(const gguf::RandomModelSpec& s) {
-  const std::string path = ::testing::TempDir() + "/wt_" + std::string(dtype_name(s.weight_type)) + s.mix + "_" +
+  const std::string path = ::testing::TempDir() + "/wt_" + std::to_string(::getpid()) + "_" + std::string(dtype_name(s.weight_type)) + s.mix + "_" +
                            std::to_string(s.n_layer) + "_" + std::to_string(s.seed) + ".gguf";
   gguf::write_random_model(s, path);
   return path;

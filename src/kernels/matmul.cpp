@@ -102,6 +102,18 @@ uint8_t* quantize_activations(const IsaKernels& K, int bias_k, const detail::Act
   return act;
 }
 
+// The same for the super-block kinds' activations (ActLayoutK: one int8 super-block per 256, int16 sums per 16).
+uint8_t* quantize_activations_k(const IsaKernels& K, const detail::ActLayoutK& L, const float* x, int64_t n_in,
+                                int64_t n_tokens, ThreadPool* pool) {
+  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
+  const int64_t per_task = 16;
+  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
+    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
+    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
+  });
+  return act;
+}
+
 // Tasks are (block of rows) x (chunk of tokens). The split depends only on the shape, never on the pool
 // size, and every output element is computed by exactly one kernel call; the kernels' per-output arithmetic
 // does not depend on the rows / tokens around it (batch invariance, see matmul.h), so the split affects
@@ -168,12 +180,7 @@ void matmul_with_isa(Isa isa, const void* W, DType wtype, int64_t n_out, int64_t
   if (superblock) {
     // One int8 super-block per 256 activations (shared by all rows and threads).
     const detail::ActLayoutK L = detail::act_layout_k(n_in);
-    uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
-    const int64_t per_task = 16;
-    run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
-      const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
-      for (int64_t t = task * per_task; t < t1; ++t) K->quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
-    });
+    uint8_t* act = quantize_activations_k(*K, L, x, n_in, n_tokens, pool);
     base.x = act;
     base.x_stride = L.stride;
     base.actk = L;
@@ -267,12 +274,7 @@ void matmul_packed(const PackedQ4K& W, const float* x, int64_t n_tokens, float* 
   const IsaKernels& K = isa_kernels(isa);
   // Activations as for the row-layout super-block kinds (one int8 super-block per 256, int16 sums per 16).
   const detail::ActLayoutK L = detail::act_layout_k(n_in);
-  uint8_t* act = t_scratch.get(L.stride * static_cast<size_t>(n_tokens));
-  const int64_t per_task = 16;
-  run_tasks(pool, (n_tokens + per_task - 1) / per_task, [&](int64_t task) {
-    const int64_t t1 = std::min(n_tokens, (task + 1) * per_task);
-    for (int64_t t = task * per_task; t < t1; ++t) K.quant_act_k(x + t * n_in, n_in, L, act + t * L.stride);
-  });
+  uint8_t* act = quantize_activations_k(K, L, x, n_in, n_tokens, pool);
   detail::PackedArgsK base{};
   base.W = W.group(0);
   base.group_bytes = W.group_bytes();
