@@ -10,11 +10,12 @@
 //   read_roofline/TYPE/slots:N      a plain sum over the same K/V bytes in the same page order -> "kv" rate:
 //                                   the memory roofline of the decode rows above, measured in the same run
 //                                   (decode "kv" / read_roofline "kv" = the kernel's fraction of roofline).
-//   layer/{decode,read}/TYPE/slots:N/pages:{shuffled,ordered}/threads:2   one layer of decode at depth as the
-//                                   engine runs it: 8 KV-head streams as 8 tasks on a 2-thread pool (wall time),
-//                                   the kernel's best ISA, and the plain read of the same bytes beside it; pages
-//                                   shuffled, or each stream's pages in address order (a sequence filled by long
-//                                   appends: the engine's PagePool hands out never-used pages in order).
+//   layer/{decode,read}/TYPE/slots:N/pages:{shuffled,runsR,ordered}/threads:2   one layer of decode at depth as
+//                                   the engine runs it: 8 KV-head streams as 8 tasks on a 2-thread pool (wall
+//                                   time), the kernel's best ISA, and the plain read of the same bytes beside it;
+//                                   pages shuffled, in shuffled runs of R consecutive pages (what the PagePool's
+//                                   page runs leave when a context grows token by token), or each stream's pages
+//                                   in address order (one long prefill into a fresh pool).
 // Rates are SI (G = 1e9). The decode streams rotate over >= 256 MB of pages whose order is shuffled within
 // a shared pool (unless "ordered"), so every call reads K/V from DRAM as in real decode.
 #include <benchmark/benchmark.h>
@@ -71,9 +72,12 @@ struct Streams {
   size_t stream_bytes() const { return static_cast<size_t>(n_slots) * 2 * kv_row_bytes(type, kHeadDim); }
 };
 
-const Streams& streams(DType type, int32_t n_slots, bool rotate, bool shuffled = true) {
+// run: the page layout. 1 = every page shuffled; 0 = each stream's pages in address order (one long prefill);
+// R > 1 = runs of R consecutive pages, the runs shuffled (what PagePool::allocate_after leaves when many
+// streams grow a page at a time).
+const Streams& streams(DType type, int32_t n_slots, bool rotate, int32_t run = 1) {
   static Streams s;  // one set alive at a time
-  const int32_t want = rotate ? (shuffled ? -1 : -2) : 1;
+  const int32_t want = rotate ? -1 - run : 1;
   static int32_t built_for = 0;
   if (s.mem && s.type == type && s.n_slots == n_slots && built_for == want) return s;
   built_for = want;
@@ -103,7 +107,15 @@ const Streams& streams(DType type, int32_t n_slots, bool rotate, bool shuffled =
   }
   std::vector<size_t> perm(total_pages);
   std::iota(perm.begin(), perm.end(), size_t{0});
-  if (shuffled) std::shuffle(perm.begin(), perm.end(), rng);
+  if (run > 0) {  // shuffle runs of `run` pages (the last one may be short)
+    const size_t r = static_cast<size_t>(run), n_runs = (total_pages + r - 1) / r;
+    std::vector<size_t> runs(n_runs);
+    std::iota(runs.begin(), runs.end(), size_t{0});
+    std::shuffle(runs.begin(), runs.end(), rng);
+    size_t k = 0;
+    for (size_t q : runs)
+      for (size_t p = q * r; p < std::min(total_pages, (q + 1) * r); ++p) perm[k++] = p;
+  }
   s.pages.resize(total_pages);
   for (size_t p = 0; p < total_pages; ++p) s.pages[p] = base + perm[p] * s.page_bytes;
   return s;
@@ -217,8 +229,8 @@ void bm_read_roofline(benchmark::State& state, DType type, int32_t n_slots) {
 // kKvHeads tasks, as the forward splits attention; `read` = the plain sum of the same bytes instead.
 constexpr int kKvHeads = 8;
 
-void bm_layer(benchmark::State& state, const char* isa, DType type, int32_t n_slots, bool shuffled, bool read) {
-  const Streams& s = streams(type, n_slots, true, shuffled);
+void bm_layer(benchmark::State& state, const char* isa, DType type, int32_t n_slots, int32_t run, bool read) {
+  const Streams& s = streams(type, n_slots, true, run);
   static kvpack::ThreadPool pool(2);
   const int32_t group = 2;
   const std::vector<float> q = random_vec(static_cast<size_t>(group) * kHeadDim, 7);
@@ -307,11 +319,12 @@ void register_all() {
                                    128, 2)
           ->Unit(benchmark::kMillisecond);
     for (int32_t slots : {8192, 16384})
-      for (const bool shuffled : {true, false})
+      for (const int32_t run : {1, 8, 16, 32, 64, 0})
         for (const bool read : {true, false}) {
+          const std::string layout = run == 1 ? "shuffled" : run == 0 ? "ordered" : "runs" + std::to_string(run);
           const std::string name = std::string("layer/") + (read ? "read/" : "decode/") + tn + "/slots:" + std::to_string(slots) +
-                                   "/pages:" + (shuffled ? "shuffled" : "ordered") + "/threads:2";
-          benchmark::RegisterBenchmark(name.c_str(), bm_layer, isas[0], type, slots, shuffled, read)
+                                   "/pages:" + layout + "/threads:2";
+          benchmark::RegisterBenchmark(name.c_str(), bm_layer, isas[0], type, slots, run, read)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
         }

@@ -49,6 +49,7 @@ struct BenchKvOptions {
   uint64_t seed = 1;
   bool recall = false;
   int32_t recall_every = 16, recall_pages = 4;
+  int32_t fill_step = 0;    // tokens per append when filling to depth (0: all at once)
   int32_t exact_every = 0;  // with --recall: a fourth variant with the exact drift check every N steps (0: none)
 };
 
@@ -84,9 +85,14 @@ Timeline run_timeline(Engine& engine, const std::vector<int32_t>& stream, int32_
   return tl;
 }
 
-// Fills every stream of `seq` with `n` synthetic slots (random K/V of a plausible scale).
-void fill_synthetic(kv::SequenceKv& seq, int32_t n, std::mt19937& rng) {
-  if (!seq.append(n, 0)) throw std::runtime_error("KV pool exhausted while filling to depth " + std::to_string(n));
+// Fills every stream of `seq` with `n` synthetic slots (random K/V of a plausible scale), appended `step`
+// slots at a time (0: all at once, as one long prefill; 1: token by token, as decode grows a context, which
+// is where the pool's page runs matter).
+void fill_synthetic(kv::SequenceKv& seq, int32_t n, std::mt19937& rng, int32_t step = 0) {
+  if (step <= 0) step = std::max(n, 1);
+  for (int32_t done = 0; done < n; done += step)
+    if (!seq.append(std::min(step, n - done), done))
+      throw std::runtime_error("KV pool exhausted while filling to depth " + std::to_string(n));
   const auto& cfg = seq.pool().config();
   // Cheap uniform values in [-1.7, 1.7) (unit variance): millions of rows, so no std distributions.
   uint64_t x = rng() | 1;
@@ -110,6 +116,19 @@ double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compr
   const double t0 = now_s();
   for (int32_t i = 0; i < n_tokens; ++i) tok = engine.runner().decode_greedy(seq, tok, logits.data(), comp);
   return n_tokens / (now_s() - t0);
+}
+
+// Share of a sequence's pages (after each stream's first) that break address order, i.e. that decode
+// attention prefetches in software instead of leaving to the hardware (kernels::kv_page_needs_prefetch).
+double scattered_page_share(const kv::SequenceKv& seq) {
+  const size_t span = seq.pool().v_offset() + seq.pool().slot_bytes() * static_cast<size_t>(seq.pool().config().page_size) + 4096;
+  int64_t broken = 0, total = 0;
+  for (int32_t s = 0; s < seq.n_streams(); ++s) {
+    const kernels::KvStreamView v = seq.view(s);
+    const int32_t n_pages = (v.n_slots + v.page_size - 1) / v.page_size;
+    for (int32_t i = 1; i < n_pages; ++i, ++total) broken += kernels::kv_page_needs_prefetch(v.pages, i, span) ? 1 : 0;
+  }
+  return total > 0 ? static_cast<double>(broken) / static_cast<double>(total) : 0.0;
 }
 
 // Decode from `depth` synthetic slots compressed to the budget once (not timed): greedy, each token
@@ -225,6 +244,10 @@ void add_bench_kv(CLI::App& bench) {
   cmd->add_option("--policy", b->policy, "Compression policy for the compaction run");
   cmd->add_option("--kv-calib", b->calib, "TriAttention calibration (default: computed on the bench's own first tokens)");
   cmd->add_option("--depths", b->depths, "Depths for the decode-speed comparison")->delimiter(',');
+  cmd->add_option("--fill-step", b->fill_step,
+                  "Tokens per append when filling a sequence to depth (0: all at once, as one prefill; 1: token by token, "
+                  "as decode grows a context: pages then come from the pool's runs)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--decode-tokens", b->decode_tokens, "Tokens decoded per speed measurement");
   cmd->add_option("--out", b->out, "Output directory (CSV, plot)");
   cmd->add_option("--seed", b->seed, "Seed of the token stream");
@@ -313,16 +336,19 @@ void add_bench_kv(CLI::App& bench) {
       depth_progress.note("(depth " + std::to_string(depth) + ")");
       std::mt19937 r2(static_cast<uint32_t>(b->seed + depth));
       auto f = engine.kv().new_sequence();
-      fill_synthetic(*f, depth, r2);
+      fill_synthetic(*f, depth, r2, b->fill_step);
+      const double scattered = scattered_page_share(*f);
       const double full_tps = decode_tok_s(engine, *f, b->decode_tokens, nullptr, r2);
       f.reset();
       auto s = engine.kv().new_sequence();
-      fill_synthetic(*s, std::min(depth, b->budget), r2);
+      fill_synthetic(*s, std::min(depth, b->budget), r2, b->fill_step);
       compress::SequenceCompressor cs(kv, c, engine.calibration(), 1, &engine.runner().threads());
       const double comp_tps = decode_tok_s(engine, *s, b->decode_tokens, &cs, r2);
       if (depth == std::min(depth, b->budget)) step_time_at_budget = 1.0 / comp_tps;
-      std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f\n", depth, full_tps, b->budget, comp_tps,
-                  comp_tps / full_tps);
+      std::printf("decode depth=%d full=%.2f tok/s compressed(budget=%d)=%.2f tok/s ratio=%.2f (filled %s: %.1f %% of the pages "
+                  "break address order)\n",
+                  depth, full_tps, b->budget, comp_tps, comp_tps / full_tps,
+                  b->fill_step > 0 ? (std::to_string(b->fill_step) + " tokens at a time").c_str() : "at once", 100.0 * scattered);
       std::fflush(stdout);
       if (b->recall && depth > b->budget) {
         s.reset();  // the pool holds one sequence at depth

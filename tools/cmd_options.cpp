@@ -43,6 +43,11 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
                  "Sliding-window models (gemma3): return the pages of local layers to the pool as they fall out of the "
                  "window (false keeps them: a baseline to measure against; outputs are identical)")
       ->default_val(true);
+  cmd.add_option("--kv-page-runs", o.page_runs,
+                 "Keep each KV stream's pages in runs of consecutive memory, so decode reads them at the hardware "
+                 "prefetchers' rate (false: pages one at a time, most recently freed first; a baseline to measure "
+                 "against; outputs are identical)")
+      ->default_val(true);
   cmd.add_option("-b,--batch", o.batch, "Tokens per forward call (prefill chunk)")->check(CLI::Range(1, 65536));
   cmd.add_flag("-q,--quiet", o.quiet, "No model summary on stderr");
 }
@@ -178,6 +183,7 @@ EngineOptions engine_options(const ModelOptions& o) {
   e.kv_cold = o.kv_cold;
   e.kv_cold_evicted = o.kv_cold_evicted;
   e.window_free = o.window_free;
+  e.page_runs = o.page_runs;
   e.kv_shared = o.kv_shared;
   e.max_batch_tokens = o.batch;
   return e;

@@ -20,6 +20,7 @@ struct ModelOptions {
   std::string kv_cold;  // --kv-cold: "", host:BYTES or dir:PATH:BYTES
   bool kv_cold_evicted = true;  // --kv-cold-evicted
   bool window_free = true;      // --kv-window-free
+  bool page_runs = true;        // --kv-page-runs
   std::string kv_shared;  // --kv-shared: "" or redis://HOST:PORT[?options] (kv/shared_tier.h)
   int32_t batch = 256;
   int32_t ctx = 0;  // -c / --ctx-size: context length (0: the model's)

@@ -12,6 +12,7 @@ kv::PoolConfig default_pool_config(const ModelConfig& c, const EngineOptions& op
   pc.page_size = opt.page_size;
   pc.head_dim = c.head_dim;
   pc.kv_type = opt.kv_type;
+  pc.page_runs = opt.page_runs;
   const int64_t streams = static_cast<int64_t>(c.n_layer) * c.n_head_kv;
   pc.max_pages = opt.kv_pages > 0 ? opt.kv_pages
                                   : std::max<int64_t>(1, opt.contexts) * streams * ((c.n_ctx + opt.page_size - 1) / opt.page_size);

@@ -43,6 +43,9 @@ struct EngineOptions {
   // Sliding-window models (gemma3): local layers release pages as they fall out of the window
   // (Scheduler::release_out_of_window). false keeps them (a measurement baseline; outputs are the same).
   bool window_free = true;
+  // The page pool keeps each stream's pages in runs (kv/page_pool.h "Page runs"); false hands out pages
+  // LIFO one at a time, as before (a measurement baseline; outputs are the same).
+  bool page_runs = true;
 };
 
 // What generate() returns: the tokens and text, how it ended, and the request's figures.

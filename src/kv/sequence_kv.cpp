@@ -48,7 +48,7 @@ bool SequenceKv::append(int32_t n, int32_t pos0) {
   for (auto& s : streams_) {
     const size_t want = (static_cast<size_t>(s.n_slots) + n + ps - 1) / ps;
     while (s.pages.size() < want) {
-      const PageId p = pool_->allocate();
+      const PageId p = pool_->allocate_after(s.pages.empty() ? kNoPage : s.pages.back());
       if (p == kNoPage) {  // cannot happen after the check above unless memory ran out: undo
         for (auto& u : streams_) shrink_to(u, u.n_slots);
         return false;
@@ -148,7 +148,7 @@ void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
 bool SequenceKv::make_private(Stream& s, size_t page_index) {
   const PageId old = s.pages[page_index];
   if (!pool_->is_shared(old)) return true;
-  const PageId fresh = pool_->allocate();
+  const PageId fresh = pool_->allocate_after(page_index > 0 ? s.pages[page_index - 1] : kNoPage);
   if (fresh == kNoPage) return false;
   std::memcpy(pool_->data(fresh), pool_->data(old), pool_->page_bytes());
   const int32_t ps = pool_->config().page_size;
@@ -290,7 +290,7 @@ bool SequenceKv::splice_stream(int32_t stream, std::span<const int32_t> keep, st
     }
   }
   while (s.pages.size() < pages_new) {
-    const PageId p = pool_->allocate();
+    const PageId p = pool_->allocate_after(s.pages.empty() ? kNoPage : s.pages.back());
     if (p == kNoPage) {
       shrink_to(s, s.n_slots);  // memory refused after the check: give the new pages back, unchanged
       return false;
@@ -356,7 +356,7 @@ bool SequenceKv::restore_stream(int32_t stream, std::span<const PageId> pages, i
   bool ok = true;
   for (PageId p : pages) {
     if (p == kNoPage && ok) {
-      p = pool_->allocate();
+      p = pool_->allocate_after(s.pages.empty() ? kNoPage : s.pages.back());
       ok = p != kNoPage;
     }
     if (p == kNoPage) continue;  // after a failed allocation: the remaining handed-over pages still join
