@@ -558,6 +558,43 @@ TEST(Attention, PathsAgreeAndDefaultPathWorks) {
   EXPECT_THROW(run_kernel("sse9", st, q, c.group * c.hd, nullptr), std::invalid_argument);
 }
 
+// Q8_0 pages give every path the same bits as F32 pages holding their dequantised values (d * q): AVX-512
+// reads Q8_0 in registers, the other paths through a dequantised scratch tile, and either way the kernel
+// must compute on exactly d * q. Decode and prefill shapes, GQA groups 1 / 2 / 8, key mass and lse too.
+TEST(Attention, Q8_0PagesGiveTheBitsOfTheirDequantisedF32Pages) {
+  std::mt19937 rng(11);
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (!attention_isa_available(isa)) continue;
+    for (const int32_t group : {1, 2, 8})
+      for (const int32_t n_new : {1, 7}) {
+        Config c;
+        c.hd = group == 8 ? 64 : 128;
+        c.ps = 16;
+        c.group = group;
+        c.n_slots = 16 * 9 + 5;
+        c.n_new = n_new;
+        c.scale = 0.09f;
+        c.type = DType::Q8_0;
+        Stream q8(c, rng);
+        q8.fill_random(rng);
+        Config cf = c;
+        cf.type = DType::F32;
+        Stream f32(cf, rng);
+        for (int32_t slot = 0; slot < c.n_slots; ++slot) f32.set_slot(slot, q8.k(slot), q8.v(slot));  // exact in f32
+        const auto q = random_q(c, c.group * c.hd, 3.0f, rng);
+        std::vector<float> mass_q8(static_cast<size_t>(c.n_slots), 0.0f), mass_f32 = mass_q8;
+        std::vector<float> lse_q8(static_cast<size_t>(c.n_new) * c.group), lse_f32 = lse_q8;
+        const auto out_q8 = run_kernel(isa, q8, q, c.group * c.hd, mass_q8.data(), 3, lse_q8.data());
+        const auto out_f32 = run_kernel(isa, f32, q, c.group * c.hd, mass_f32.data(), 3, lse_f32.data());
+        const std::string what = std::string(isa) + " " + describe(c);
+        ASSERT_EQ(out_q8.size(), out_f32.size());
+        EXPECT_EQ(std::memcmp(out_q8.data(), out_f32.data(), out_q8.size() * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::memcmp(mass_q8.data(), mass_f32.data(), mass_q8.size() * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::memcmp(lse_q8.data(), lse_f32.data(), lse_q8.size() * sizeof(float)), 0) << what;
+      }
+  }
+}
+
 // The forward pass sizes one scratch buffer per thread for its largest token block and page size.
 TEST(Attention, ScratchSizeIsMonotone) {
   for (int32_t group : {1, 2, 3, 8, 16, 64})

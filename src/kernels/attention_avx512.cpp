@@ -1,6 +1,7 @@
 // AVX-512 page kernels of paged_attention (compiled with -mavx512f/bw/vl/dq -mfma -mf16c; run only when
-// the CPU has them). F16 pages are widened in registers with vcvtph2ps, BF16 by a 16-bit shift; Q8_0 pages
-// are dequantised once per page and tile (attention_impl.h). Any head_dim works (the last partial vector of
+// the CPU has them). F16 pages are widened in registers with vcvtph2ps, BF16 by a 16-bit shift, Q8_0 by a
+// sign extension and its block scale (load_kv; the AVX2 and scalar paths dequantise a page to a scratch
+// tile first, attention_impl.h). Any head_dim works (the last partial vector of
 // a row uses masked loads, which never touch the masked-off elements).
 //
 // QK: for each slot block (SB slots) and row block (NR <= 8 rows), NR x SB zmm accumulators over head_dim;
@@ -66,6 +67,31 @@ inline __m512 load(const uint8_t* block, size_t idx, __mmask16 m) {
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(block) + idx);
 }
 
+// Element `col` .. col + 15 of K/V row `row` (row stride hd elements, or hd / 32 Q8_0 blocks of 34 bytes).
+// Q8_0 is dequantised in registers, d * q exactly as dequant_q8 writes it (the same products: outputs are
+// bit for bit those of the scratch-tile path), so a page is read once and never stored back as f32.
+template <int KT>
+inline __m512 load_kv(const uint8_t* block, int32_t row, int32_t col, int32_t hd) {
+  if constexpr (KT == kElemQ8) {
+    const uint8_t* b = block + static_cast<size_t>(row) * static_cast<size_t>(hd / 32) * 34 + static_cast<size_t>(col / 32) * 34;
+    uint16_t dbits;
+    std::memcpy(&dbits, b, 2);
+    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + col % 32)));
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(dbits)), _mm512_cvtepi32_ps(q));
+  } else {
+    return load<KT>(block, static_cast<size_t>(row) * hd + col);
+  }
+}
+
+// Masked: Q8_0 rows have head_dim % 32 == 0, so their vectors are always whole.
+template <int KT>
+inline __m512 load_kv(const uint8_t* block, int32_t row, int32_t col, int32_t hd, __mmask16 m) {
+  if constexpr (KT == kElemQ8)
+    return load_kv<KT>(block, row, col, hd);
+  else
+    return load<KT>(block, static_cast<size_t>(row) * hd + col, m);
+}
+
 inline float exp1(float x) { return _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x))); }
 
 // Horizontal sums of four vectors -> {sum a, sum b, sum c, sum d}.
@@ -90,7 +116,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail
   for (int32_t v = 0; v < nfull; ++v) {
     __m512 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load<KT>(K, static_cast<size_t>(j0 + s) * hd + 16 * v);
+    for (int s = 0; s < SB; ++s) kv[s] = load_kv<KT>(K, j0 + s, 16 * v, hd);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * v);
@@ -101,7 +127,7 @@ inline void qk_block(const uint8_t* K, int32_t hd, int32_t nfull, __mmask16 tail
   if (tail) {
     __m512 kv[SB];
 #pragma GCC unroll 4
-    for (int s = 0; s < SB; ++s) kv[s] = load<KT>(K, static_cast<size_t>(j0 + s) * hd + 16 * nfull, tail);
+    for (int s = 0; s < SB; ++s) kv[s] = load_kv<KT>(K, j0 + s, 16 * nfull, hd, tail);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const __m512 q = _mm512_loadu_ps(qs + static_cast<size_t>(i) * hdp + 16 * nfull);
@@ -188,7 +214,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
   for (; j < jfull; ++j) {  // slots visible to every row of the block
     __m512 vv[DB];
 #pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) vv[b] = load<KT>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+    for (int b = 0; b < DB; ++b) vv[b] = load_kv<KT>(V, j, 16 * (v0 + b), hd, mk[b]);
 #pragma GCC unroll 8
     for (int i = 0; i < RB; ++i) {
       const __m512 pb = _mm512_set1_ps(p[static_cast<size_t>(i) * psp + j]);
@@ -199,7 +225,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
   for (; j < jmax; ++j) {  // causal edge: only rows whose limit covers slot j
     __m512 vv[DB];
 #pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) vv[b] = load<KT>(V, static_cast<size_t>(j) * hd + 16 * (v0 + b), mk[b]);
+    for (int b = 0; b < DB; ++b) vv[b] = load_kv<KT>(V, j, 16 * (v0 + b), hd, mk[b]);
 #pragma GCC unroll 8
     for (int i = 0; i < RB; ++i) {
       if (j >= nv[i]) continue;
@@ -252,6 +278,7 @@ void pv_t(const uint8_t* V, int32_t n, int32_t hd, const float* p, int32_t psp, 
 }
 
 struct Avx512Kern {
+  static constexpr bool kDirectQ8 = true;  // qk / pv read Q8_0 pages themselves (kind kElemQ8)
   // n rows of head_dim / 32 Q8_0 blocks -> f32 rows (stride hd): value = d * q, as ggml dequantises.
   static void dequant_q8(const uint8_t* block, int32_t n, int32_t hd, float* out) {
     const size_t nb = static_cast<size_t>(n) * (hd / 32);
@@ -268,7 +295,9 @@ struct Avx512Kern {
 
   static void qk(const uint8_t* kblock, int kind, int32_t n, int32_t hd, const float* qs, int32_t hdp, int32_t R,
                  float* scores, int32_t psp, float*) {
-    if (kind == kElemF16)
+    if (kind == kElemQ8)
+      qk_t<kElemQ8>(kblock, n, hd, qs, hdp, R, scores, psp);
+    else if (kind == kElemF16)
       qk_t<kElemF16>(kblock, n, hd, qs, hdp, R, scores, psp);
     else if (kind == kElemBF16)
       qk_t<kElemBF16>(kblock, n, hd, qs, hdp, R, scores, psp);
@@ -307,7 +336,9 @@ struct Avx512Kern {
 
   static void pv(const uint8_t* vblock, int kind, int32_t n, int32_t hd, const float* p, int32_t psp,
                  const float* alpha, float* acc, int32_t hdp, int32_t R, int32_t G, int32_t rel0, float*) {
-    if (kind == kElemF16)
+    if (kind == kElemQ8)
+      pv_t<kElemQ8>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
+    else if (kind == kElemF16)
       pv_t<kElemF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);
     else if (kind == kElemBF16)
       pv_t<kElemBF16>(vblock, n, hd, p, psp, alpha, acc, hdp, R, G, rel0);

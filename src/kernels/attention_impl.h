@@ -12,9 +12,9 @@
 //   K/V there cannot leak into it), and no slot >= n_slots or page past the last visible one is read.
 //   key_mass (optional) is a second pass over K per tile, after the tile's final m and l are known.
 //   KV element types: F32 / F16 / BF16 are read (and widened) in registers by the page kernels. Q8_0 rows
-//   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are dequantised once per page and tile into the
-//   `conv` scratch tile (page_size x head_dim f32) by Kern::dequant_q8 and then go through the F32
-//   kernels: one conversion serves every query row of the tile (the whole GQA group in decode).
+//   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are too on AVX-512 (Kern::kDirectQ8); the other
+//   paths dequantise them once per page and tile into the `conv` scratch tile (page_size x head_dim f32)
+//   by Kern::dequant_q8 and run the F32 kernels: the same products d * q either way, so the same bits.
 //   Software prefetch four pages ahead along the page table, into L2 (see prefetch_block), of the pages that
 //   do not continue their stream in address order (kv_page_needs_prefetch: the hardware streams those).
 //
@@ -37,8 +37,9 @@ void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args);
 
 namespace {
 
-// Element kinds the page kernels read directly (Q8_0 is dequantised to F32 first, see above).
-enum : int { kElemF32 = 0, kElemF16 = 1, kElemBF16 = 2 };
+// Element kinds the page kernels read directly (Q8_0: on AVX-512 only, see above).
+// kElemQ8: Q8_0 read directly by a Kern with kDirectQ8 (AVX-512).
+enum : int { kElemF32 = 0, kElemF16 = 1, kElemBF16 = 2, kElemQ8 = 3 };
 
 // Query rows processed together against each page. 32 rows x 128 dims keeps the q tile and accumulator
 // (2 x 16 KiB) in L1/L2 while amortising each page load over up to 32 rows during prefill.
@@ -123,8 +124,11 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t hd = kv.head_dim, ps = kv.page_size, G = a.group, n_new = a.n_new;
   if (n_new <= 0) return;
   const DType type = kv.kv_type;
-  const bool q8 = type == DType::Q8_0;
-  const int kind = type == DType::F16 ? kElemF16 : type == DType::BF16 ? kElemBF16 : kElemF32;
+  const bool q8 = type == DType::Q8_0 && !Kern::kDirectQ8;  // dequantised to the conv tile first
+  const int kind = type == DType::F16    ? kElemF16
+                   : type == DType::BF16 ? kElemBF16
+                   : type == DType::Q8_0 ? (Kern::kDirectQ8 ? kElemQ8 : kElemF32)
+                                         : kElemF32;
   const int32_t base = kv.n_slots - n_new;  // slots before the first new token
   const int32_t tt = tile_tokens(n_new, G);
   const Layout L = make_layout(a.scratch, n_new, G, hd, ps);

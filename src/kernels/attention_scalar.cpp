@@ -33,6 +33,7 @@ float dot(const float* a, const float* b, int32_t n) {
 }
 
 struct ScalarKern {
+  static constexpr bool kDirectQ8 = false;  // Q8_0 pages go through dequant_q8 (attention_impl.h)
   // n rows of head_dim / 32 Q8_0 blocks -> f32 rows (stride hd): value = d * q, as ggml dequantises.
   static void dequant_q8(const uint8_t* block, int32_t n, int32_t hd, float* out) {
     const size_t nb = static_cast<size_t>(n) * (hd / 32);
