@@ -387,6 +387,27 @@ TEST_F(SwapTest, TheExactGuardFallsBackAtTheFirstChangedTokenAndGivesFullKvOutpu
     EXPECT_EQ(used, 0) << chunk;
     if (chunk == 256) first = o;
   }
+  EXPECT_EQ(first.stats.compression.recall.guard_fallbacks_incomplete, 0);
+  EXPECT_EQ(first.stats.compression.recall.guard_fallbacks_refused, 0);
+  // A pool with room for the compressed request but never for its whole KV: a fallback would fail the
+  // request once it outgrew the pool, so the guard is refused (counted) and the request finishes
+  // compressed, with the output it has without the guard, and every page returned.
+  {
+    EngineOptions small = eo;
+    small.contexts = 1;
+    small.kv_pages = kStreams * 8;  // the compressed peak (budget 40 + interval 16 = 4 pages) and the fork's page fit
+    int64_t used = -1;
+    const Outcome o = alone(r, small, so, &used);
+    EXPECT_TRUE(o.finished);
+    EXPECT_NE(o.finish, FinishReason::Error);
+    EXPECT_EQ(o.stats.compression.recall.guard_fallbacks, 0);
+    EXPECT_EQ(o.stats.compression.recall.guard_fallbacks_refused, 1);
+    EXPECT_GT(o.stats.compression.recall.exact_checks, 1) << "the checks go on measuring";
+    Request unguarded = r;
+    unguarded.kv.recall.exact_guard = 0;
+    EXPECT_EQ(o.text, alone(unguarded, small, so).text);
+    EXPECT_EQ(used, 0);
+  }
   // Off (0), the same request keeps compressing and its output is the compressed one.
   r.kv.recall.exact_guard = 0;
   const Outcome off = alone(r, eo, so);

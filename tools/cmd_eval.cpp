@@ -180,6 +180,8 @@ void add_tasks(CLI::App& eval) {
                              {"answer", s.task.answer}, {"generated", s.generated}, {"correct", s.correct},
                              {"drift_max", s.recall.drift_max}, {"drift_first", s.recall.drift_first},
                              {"guard_escalations", s.recall.guard_escalations}, {"guard_fallbacks", s.recall.guard_fallbacks},
+                             {"guard_fallbacks_incomplete", s.recall.guard_fallbacks_incomplete},
+                             {"guard_fallbacks_refused", s.recall.guard_fallbacks_refused},
                              {"pages_recalled", s.recall.pages_recalled}, {"cold_pages_read", s.recall.pages_read},
                              {"cold_bytes_read", s.recall.bytes_read}, {"evicted_cold_pages", s.evicted.pages_written},
                              {"evicted_cold_bytes", s.evicted.bytes_written}, {"digest_bytes", s.evicted.digest_bytes},

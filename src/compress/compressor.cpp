@@ -65,7 +65,7 @@ SequenceCompressor::SequenceCompressor(const SequenceCompressor& o)
       frozen_(o.frozen_), n_compressed_streams_(o.n_compressed_streams_), stats_(o.stats_), schedule_(o.schedule_), scorer_(o.scorer_ ? o.scorer_->clone() : nullptr), needs_(o.needs_),
       splitter_(o.splitter_), queries_(o.queries_), mass_(o.mass_), naive_(o.naive_), recall_(o.recall_),
       samples_(o.samples_), recomputing_(o.recomputing_), exact_due_(o.exact_due_), first_event_pos_(o.first_event_pos_),
-      fallen_back_(o.fallen_back_),
+      fallen_back_(o.fallen_back_), fallback_allowed_(o.fallback_allowed_), fallback_refused_(o.fallback_refused_),
       naive_peak_pages_(o.naive_peak_pages_), pinned_(o.pinned_), scores_(o.scores_.size()) {}  // per-event scratch starts empty
 
 std::unique_ptr<SequenceCompressor> SequenceCompressor::fork() const {
@@ -140,12 +140,7 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
     recall_.set_read_all(true);
     got += recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_);
     recall_.set_read_all(false);
-    if (recall_.stats().drift_last > guard) {  // still above: full KV for this request
-      bool complete = false;
-      got += recall_.restore_all(kv, *evicted_, complete);
-      ++recall_.mutable_stats().guard_fallbacks;
-      fallen_back_ = true;
-    }
+    if (recall_.stats().drift_last > guard) got += fall_back(kv);  // still above: full KV for this request
   }
   stats_.recall = recall_.stats();
   if (got == 0) return 0;
@@ -158,6 +153,21 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   evicted_->forget_from(kv.next_pos() - tail);  // cold copies of those positions would be duplicates
   recomputing_ = true;
   return tail;
+}
+
+int64_t SequenceCompressor::fall_back(kv::SequenceKv& kv) {
+  RecallStats& rs = recall_.mutable_stats();
+  if (!fallback_allowed_) {
+    if (!fallback_refused_) ++rs.guard_fallbacks_refused;
+    fallback_refused_ = true;
+    return 0;
+  }
+  bool complete = false;
+  const int64_t got = recall_.restore_all(kv, *evicted_, complete);
+  ++rs.guard_fallbacks;
+  if (!complete) ++rs.guard_fallbacks_incomplete;  // the pool was full just now, or the tier lost pages
+  fallen_back_ = true;
+  return got;
 }
 
 int32_t SequenceCompressor::droppable_tail(const kv::SequenceKv& kv, int32_t want) const {
@@ -187,20 +197,19 @@ int32_t SequenceCompressor::record_exact_check(kv::SequenceKv& kv, const float* 
   const bool flipped = rs.add_exact_check(compressed_logits, full_logits, n_vocab);
   int32_t recompute = 0;
   const bool flagged = flipped || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
-  if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0) {
+  if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0 && !fallback_refused_) {
     // The evicted keys change what this request would emit: full KV from here on. Every token from the
     // first compression event on was computed over a hot set with keys missing (during prefill, most of
     // the prompt): with every key back they are dropped and computed again, so the request continues
     // exactly as a full-KV run would (one prefill's worth of work). Where a stream cannot give back that
     // tail (a pool too small for the whole KV, a sliding-window layer's released pages) as much of it as
     // can be, at least the newest token.
-    bool complete = false;
-    recall_.restore_all(kv, *evicted_, complete);
-    ++rs.guard_fallbacks;
-    fallen_back_ = true;
-    recomputing_ = true;  // the before_sample after the recompute runs no check
-    const int32_t since_event = first_event_pos_ >= 0 ? kv.next_pos() - first_event_pos_ : 1;
-    recompute = std::max(1, droppable_tail(kv, std::max(1, since_event)));
+    fall_back(kv);
+    if (fallen_back_) {
+      recomputing_ = true;  // the before_sample after the recompute runs no check
+      const int32_t since_event = first_event_pos_ >= 0 ? kv.next_pos() - first_event_pos_ : 1;
+      recompute = std::max(1, droppable_tail(kv, std::max(1, since_event)));
+    }
   }
   stats_.recall = recall_.stats();
   return recompute;

@@ -110,6 +110,10 @@ class SequenceCompressor : public ForwardObserver {
   // Evicted slots go to `sink` (kv/evicted_kv.h: the cold tier, with per-page key digests) instead of
   // away; nullptr (the default) drops them. Not owned; must outlive the compressor's use of it.
   void set_evicted_sink(kv::EvictedKv* sink) { evicted_ = sink; }
+  // Whether a drift guard may send this request back to full KV (the scheduler's call: false when the
+  // pool could never hold the request's whole KV, where a fallback would end in an error once the
+  // uncompressed request outgrew the pool). Refused, a flagged request goes on compressed, counted.
+  void set_fallback_allowed(bool allowed) { fallback_allowed_ = allowed; }
   // When this sequence compresses (the scheduler asks it for admission and prefix-cache decisions).
   const CompressionSchedule& schedule() const { return schedule_; }
   // Pages this sequence's KV accounts for: kv.pages_held(), or in naive mode the pages a
@@ -163,6 +167,11 @@ class SequenceCompressor : public ForwardObserver {
   std::vector<float> attn_lse_;
   bool attn_lse_fresh_ = false;
   bool fallen_back_ = false;  // the drift guard restored full KV: no more compression
+  bool fallback_allowed_ = true;
+  bool fallback_refused_ = false;  // a guard flagged this request but the pool cannot hold its whole KV
+  // The guard's decision: restore every evicted token (full KV from here on) or, when that is not allowed,
+  // count the refusal once and go on compressed. Returns the slots restored.
+  int64_t fall_back(kv::SequenceKv& kv);
   std::vector<Protection> prot_scratch_;
   int64_t naive_peak_pages_ = 0;
   // Per stream: the sorted positions the policy pinned at the last event (Protection::pinned); reused.

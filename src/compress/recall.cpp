@@ -33,6 +33,8 @@ void RecallStats::add(const RecallStats& o) {
   if (drift_first < 0) drift_first = o.drift_first;
   guard_escalations += o.guard_escalations;
   guard_fallbacks += o.guard_fallbacks;
+  guard_fallbacks_incomplete += o.guard_fallbacks_incomplete;
+  guard_fallbacks_refused += o.guard_fallbacks_refused;
   fallback_pages_lost += o.fallback_pages_lost;
   exact_checks += o.exact_checks;
   exact_skipped += o.exact_skipped;

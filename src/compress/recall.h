@@ -59,6 +59,12 @@ struct RecallStats {
   double drift_first = -1;     // the first check's (end of prefill: before the answer); -1 = no check
   int64_t guard_escalations = 0;  // checks repeated over every cold page (drift above the guard)
   int64_t guard_fallbacks = 0;    // requests that went back to full KV
+  // ... of which could not bring every evicted token back (the pool had no room for the whole KV, or the
+  // tier had dropped pages): the request goes on with what it holds, so its output is not full KV's.
+  int64_t guard_fallbacks_incomplete = 0;
+  // Requests a guard flagged but could not send back: the pool cannot hold their whole KV, so they stay
+  // compressed (a fallback would have failed them once they outgrew the pool).
+  int64_t guard_fallbacks_refused = 0;
   int64_t fallback_pages_lost = 0;  // cold pages a fallback could not bring back (dropped by the tier)
   // The exact drift check (RecallConfig::exact): at a check, the newest token computed once more over
   // every KV of the request (hot and cold) in a scratch copy; its next-token distribution against the

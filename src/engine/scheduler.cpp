@@ -87,6 +87,7 @@ uint64_t Scheduler::submit(Request req, EventSink sink) {
   s->tokens = s->req.prompt;
   s->n_prompt = static_cast<int32_t>(s->tokens.size());
   s->prev_token = s->tokens.back();
+  allow_fallback_if_full_kv_fits(*s);
   s->sampler = std::make_unique<Sampler>(s->req.sampling, c.n_vocab);
   s->text = std::make_unique<TextStream>(s->req.stop);
   s->t_submit = now_s();
@@ -138,6 +139,16 @@ void Scheduler::intake() {
   };
   drop_cancelled(running_);
   drop_cancelled(waiting_);
+}
+
+// A drift guard's fallback makes the request a full-KV one to its end: allowed only when the pool could
+// hold that whole KV (its full length, plus one page per stream for the exact check's fork), since the
+// scheduler would otherwise fail the request once it outgrew the pool (it goes on compressed instead).
+void Scheduler::allow_fallback_if_full_kv_fits(Sequence& s) const {
+  if (!s.comp) return;
+  const ModelConfig& c = engine_->model().config();
+  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated, c.n_ctx);
+  s.comp->set_fallback_allowed(kv_->pages_for_slots(full_len, false) + kv_->n_streams() <= kv_->capacity());
 }
 
 int64_t Scheduler::projected_pages(const Sequence& s, bool windowed) const {
@@ -238,6 +249,7 @@ void Scheduler::admit() {
         s.comp_before.add(s.comp->stats());
         s.comp = std::make_unique<compress::SequenceCompressor>(s.req.kv, engine_->model().config(), engine_->calibration(),
                                                                 s.n_prompt, &engine_->runner().threads());
+        allow_fallback_if_full_kv_fits(s);
         if (s.evicted) s.evicted->clear();  // its cold pages belonged to the KV being rebuilt
       }
       if (s.comp && kv_->has_cold_tier() && engine_->options().kv_cold_evicted) {

@@ -533,6 +533,8 @@ Usage usage_from_stats(const RequestStats& st, int64_t page_bytes, int64_t kv_st
   u.exact_tv = st.compression.recall.exact_checks > 0 ? st.compression.recall.exact_tv_max : -1.0;
   u.exact_flips = st.compression.recall.exact_flips;
   u.guard_fallbacks = st.compression.recall.guard_fallbacks;
+  u.guard_fallbacks_incomplete = st.compression.recall.guard_fallbacks_incomplete;
+  u.guard_fallbacks_refused = st.compression.recall.guard_fallbacks_refused;
   u.swap_ins = st.swap_ins;
   u.freed_pages = st.compression.freed_pages;
   u.pages_saved = st.fork_shared_pages;
@@ -565,6 +567,8 @@ json usage_json(const Usage& u) {
                           {"exact_tv", u.exact_tv},
                           {"exact_flips", u.exact_flips},
                           {"guard_fallbacks", u.guard_fallbacks},
+                          {"guard_fallbacks_incomplete", u.guard_fallbacks_incomplete},
+                          {"guard_fallbacks_refused", u.guard_fallbacks_refused},
                           {"swap_ins", u.swap_ins},
                           {"freed_pages", u.freed_pages},
                           {"choices", u.choices},
@@ -600,6 +604,8 @@ Usage combine_usage(const std::vector<Usage>& per_choice) {
     u.exact_tv = std::max(u.exact_tv, c.exact_tv);
     u.exact_flips += c.exact_flips;
     u.guard_fallbacks += c.guard_fallbacks;
+    u.guard_fallbacks_incomplete += c.guard_fallbacks_incomplete;
+    u.guard_fallbacks_refused += c.guard_fallbacks_refused;
     u.shared_prompt_pages = std::max(u.shared_prompt_pages, c.shared_prompt_pages);
     u.pages_saved += c.pages_saved;
   }

@@ -117,6 +117,8 @@ struct Usage {
   // likely token differed, and fallbacks to full KV (either guard).
   double exact_tv = -1;
   int64_t exact_flips = 0, guard_fallbacks = 0;
+  int64_t guard_fallbacks_incomplete = 0;  // fallbacks that could not bring every evicted token back
+  int64_t guard_fallbacks_refused = 0;     // flagged, but the pool cannot hold the whole KV: stayed compressed
   int32_t swap_ins = 0;
   int64_t freed_pages = 0;                                  // pages compaction returned to the pool
   // n > 1: the prompt's full pages the choices shared (taken by reference from choice 0), and the pages

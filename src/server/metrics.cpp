@@ -231,6 +231,12 @@ std::string render_prometheus(const SchedulerMetrics& m, const HttpStats& h, con
              [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.exact_flips)); });
   per_policy(w, m, "counter", "kvpack_kv_guard_fallbacks_total", "Requests a drift guard sent back to full KV.",
              [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.guard_fallbacks)); });
+  per_policy(w, m, "counter", "kvpack_kv_guard_fallbacks_incomplete_total",
+             "Fallbacks to full KV that could not bring every evicted token back (pool full or tier pages lost): those requests' outputs are not full KV's.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.guard_fallbacks_incomplete)); });
+  per_policy(w, m, "counter", "kvpack_kv_guard_fallbacks_refused_total",
+             "Requests a drift guard flagged that stayed compressed: the KV pool cannot hold their whole KV.",
+             [](const compress::CompressionStats& c) { return count(static_cast<double>(c.recall.guard_fallbacks_refused)); });
   w.metric("gauge", "kvpack_kv_cold_digest_bytes", "Hot memory held by the key digests of evicted cold pages (live sequences).",
            e.digest_bytes);
   w.metric("counter", "kvpack_kv_swap_outs_total", "Preempted sequences whose pages went to the cold tier.", k.swap_outs);

@@ -83,6 +83,8 @@ nlohmann::json request_log_line(const RequestLogContext& ctx, const RequestEvent
       {"drift", u.drift < 0 ? nlohmann::json(nullptr) : nlohmann::json(u.drift)},
       {"exact_tv", u.exact_tv < 0 ? nlohmann::json(nullptr) : nlohmann::json(u.exact_tv)},
       {"guard_fallbacks", u.guard_fallbacks},
+      {"guard_fallbacks_incomplete", u.guard_fallbacks_incomplete},
+      {"guard_fallbacks_refused", u.guard_fallbacks_refused},
       {"preemptions", u.preemptions},
       {"swap_outs", u.swap_outs},
       {"swap_ins", u.swap_ins},
