@@ -398,6 +398,8 @@ TEST(Prometheus, FamiliesHaveHelpAndTypeAndHistogramsAreCumulative) {
   tri.recall.exact_checks = 5;
   tri.recall.exact_flips = 1;
   tri.recall.guard_fallbacks = 1;
+  tri.recall.guard_fallbacks_incomplete = 1;
+  tri.recall.guard_fallbacks_refused = 2;
   m.compression_by_policy["triattention"] = tri;
   const std::string t = render_prometheus(m, h, ctx);
   auto has = [&](const std::string& s) { return has_in(t, s); };
@@ -415,6 +417,8 @@ TEST(Prometheus, FamiliesHaveHelpAndTypeAndHistogramsAreCumulative) {
   EXPECT_TRUE(has("kvpack_kv_exact_checks_total{policy=\"triattention\"} 5\n"));
   EXPECT_TRUE(has("kvpack_kv_exact_flips_total{policy=\"triattention\"} 1\n"));
   EXPECT_TRUE(has("kvpack_kv_guard_fallbacks_total{policy=\"triattention\"} 1\n"));
+  EXPECT_TRUE(has("kvpack_kv_guard_fallbacks_incomplete_total{policy=\"triattention\"} 1\n"));
+  EXPECT_TRUE(has("kvpack_kv_guard_fallbacks_refused_total{policy=\"triattention\"} 2\n"));
   EXPECT_TRUE(has("# TYPE kvpack_preemptions_total counter\n"));
   EXPECT_TRUE(has("kvpack_preemptions_total{reason=\"lfu\"} 4\n"));
   const std::string model = "model_name=\"my \\\"model\\\"\"";  // the quotes escaped

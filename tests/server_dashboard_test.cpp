@@ -142,6 +142,8 @@ TEST_F(DashboardTest, TheExactDriftCheckIsReportedPerRequestAndAsMetrics) {
   EXPECT_GE(usage["exact_tv"].get<double>(), 0.0);
   EXPECT_LE(usage["exact_tv"].get<double>(), 1.0);
   EXPECT_EQ(usage["guard_fallbacks"].get<int64_t>(), 0);  // no guard asked for
+  EXPECT_EQ(usage["guard_fallbacks_incomplete"].get<int64_t>(), 0);
+  EXPECT_EQ(usage["guard_fallbacks_refused"].get<int64_t>(), 0);
   req.erase("kv_drift_exact");
   req["kv_guard_exact"] = true;
   r = cli.Post("/v1/completions", req.dump(), "application/json");
