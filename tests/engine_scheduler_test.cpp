@@ -54,19 +54,23 @@ void run_until_done(Scheduler& s, const Results& out, int max_steps = 100000) {
   FAIL() << "requests did not finish";
 }
 
-// Steps until every request finished (pool invariants checked at each step); returns the most pages
-// in use at any step.
-int64_t run_tracking_peak(Scheduler& sched, Engine& engine, const Results& out) {
-  int64_t peak = 0;
-  for (int i = 0; i < 2000; ++i) {
+// Steps until every request finished (pool invariants checked at each step); returns the largest value
+// `measure()` took after any step (by default the pages in use).
+template <class Measure>
+int64_t run_tracking_max(Scheduler& sched, const Results& out, Measure measure, int max_steps = 2000) {
+  int64_t most = 0;
+  for (int i = 0; i < max_steps; ++i) {
     bool all = true;
     for (const auto& [id, c] : out) all &= c.finished;
     if (all) break;
     sched.step();
     EXPECT_EQ(sched.check_invariants(), "") << "step " << i;
-    peak = std::max(peak, engine.kv().pool().used_pages());
+    most = std::max(most, measure());
   }
-  return peak;
+  return most;
+}
+int64_t run_tracking_peak(Scheduler& sched, Engine& engine, const Results& out) {
+  return run_tracking_max(sched, out, [&] { return engine.kv().pool().used_pages(); });
 }
 
 const std::vector<std::string> kPrompts = {
@@ -197,15 +201,8 @@ TEST_F(SchedulerTest, PageRunsChangeNoOutputUnderBatchingAndPreemption) {
     Results out;
     std::map<uint64_t, std::string> prompt_of;
     for (const auto& p : kPrompts) prompt_of[submit(sched, spec(p, 80), out)] = p;
-    int64_t most_held = 0;  // soft-reserved pages (a tiny pool hands them all out again once it is full)
-    for (int i = 0; i < 100000; ++i) {
-      bool all = true;
-      for (const auto& [id, c] : out) all &= c.finished;
-      if (all) break;
-      sched.step();
-      ASSERT_EQ(sched.check_invariants(), "") << "step " << i;
-      most_held = std::max(most_held, engine.kv().pool().soft_reserved_pages());
-    }
+    // Soft-reserved pages at their most (a tiny pool hands them all out again once it is full).
+    const int64_t most_held = run_tracking_max(sched, out, [&] { return engine.kv().pool().soft_reserved_pages(); }, 100000);
     int preempted = 0;
     for (const auto& [id, c] : out) {
       EXPECT_TRUE(c.finished);
