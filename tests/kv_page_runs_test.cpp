@@ -105,6 +105,25 @@ TEST(PageRuns, SoftReservationsCostNoCapacity) {
   EXPECT_EQ(check(pool, {&grow, &fill}), "");
 }
 
+// A stream that shrinks or ends gives its held pages back to the free list (a reservation only ever follows
+// its stream's last page), so finished sequences leave nothing held.
+TEST(PageRuns, ReservationsGoBackWhenStreamsShrinkOrEnd) {
+  PagePool pool(pool_config(8 * 100));
+  {
+    SequenceKv a(pool, 4, 2);
+    for (int32_t t = 0; t < 16 * 3; ++t) ASSERT_TRUE(a.append(1, t));
+    EXPECT_EQ(pool.soft_reserved_pages(), 8 * 13) << "16-page runs, 3 pages taken per stream";
+    a.truncate_tail(16);  // one page per stream fewer
+    EXPECT_EQ(pool.soft_reserved_pages(), 0);
+    EXPECT_EQ(check(pool, {&a}), "");
+    for (int32_t t = 32; t < 16 * 4; ++t) ASSERT_TRUE(a.append(1, t));
+    EXPECT_LT(broken_share(a), 0.01) << "the stream grows back into the freed pages after its last one";
+    EXPECT_GT(pool.soft_reserved_pages(), 0);
+  }
+  EXPECT_EQ(pool.soft_reserved_pages(), 0);
+  EXPECT_EQ(pool.free_pages(), pool.capacity());
+}
+
 // Random appends (token by token and in chunks), truncations, clears and compactions over several
 // sequences: the pool's invariants (free + soft-reserved + cached-free + referenced = total, every
 // refcount matches the tables) after every step, and every slot still holds its own row.

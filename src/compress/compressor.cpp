@@ -126,7 +126,10 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   const int64_t n = samples_++;
   const bool check = n == 0 || n % std::max(1, cfg_.recall.every) == 0;
   const int32_t exact_every = cfg_.recall.exact_every;
-  exact_due_ = cfg_.recall.exact && !fallen_back_ && (exact_every > 0 ? n % exact_every == 0 : check);
+  // After a fallback the request is full KV; after a refused one (the pool cannot hold it) a guard has
+  // nothing left to act on, so its checks stop (the exact check alone, --kv-drift-exact, goes on measuring).
+  const bool guard_done = fallen_back_ || (fallback_refused_ && cfg_.recall.exact_guard > 0);
+  exact_due_ = cfg_.recall.exact && !guard_done && (exact_every > 0 ? n % exact_every == 0 : check);
   if (!check) return 0;
   prot_scratch_.resize(static_cast<size_t>(n_streams_));
   for (int32_t s = 0; s < n_streams_; ++s) prot_scratch_[static_cast<size_t>(s)] = protection(kv, s);
@@ -134,7 +137,7 @@ int32_t SequenceCompressor::before_sample(kv::SequenceKv& kv) {
   int64_t got = recall_.run(kv, *evicted_, queries_, prot_scratch_, rows, pool_, attn_lse_fresh_ ? attn_lse_.data() : nullptr);
   attn_lse_fresh_ = false;  // exchanges change the hot set: a second run recomputes
   const float guard = cfg_.recall.guard;
-  if (guard > 0 && recall_.stats().drift_last > guard) {
+  if (guard > 0 && !fallback_refused_ && recall_.stats().drift_last > guard) {
     // Recall more: every cold page whose bound passes is read and measured exactly.
     ++recall_.mutable_stats().guard_escalations;
     recall_.set_read_all(true);

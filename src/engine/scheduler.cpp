@@ -142,22 +142,22 @@ void Scheduler::intake() {
 }
 
 // A drift guard's fallback makes the request a full-KV one to its end: allowed only when the pool could
-// hold that whole KV (its full length, plus one page per stream for the exact check's fork), since the
-// scheduler would otherwise fail the request once it outgrew the pool (it goes on compressed instead).
+// hold that whole KV (its full length, sliding-window layers at their window, plus one page per stream for
+// the exact check's fork), since the scheduler would otherwise fail the request once it outgrew the pool
+// (it goes on compressed instead).
 void Scheduler::allow_fallback_if_full_kv_fits(Sequence& s) const {
   if (!s.comp) return;
-  const ModelConfig& c = engine_->model().config();
-  const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated, c.n_ctx);
-  s.comp->set_fallback_allowed(kv_->pages_for_slots(full_len, false) + kv_->n_streams() <= kv_->capacity());
+  s.comp->set_fallback_allowed(projected_pages(s, true, true) + kv_->n_streams() <= kv_->capacity());
 }
 
-int64_t Scheduler::projected_pages(const Sequence& s, bool windowed) const {
+int64_t Scheduler::projected_pages(const Sequence& s, bool windowed, bool uncompressed) const {
   const ModelConfig& c = engine_->model().config();
   const int64_t full_len = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + s.req.max_tokens - s.n_generated, c.n_ctx);
   // A compressed sequence holds what its schedule allows (budget + interval, more when protected slots
   // keep it above the budget); a full one its whole length.
-  const int64_t slots = s.comp ? s.comp->schedule().projected_slots(full_len, s.n_prompt, s.stats.cached_tokens) : full_len;
-  const int64_t all = kv_->pages_for_slots(slots, s.comp != nullptr);
+  const bool comp = s.comp != nullptr && !uncompressed;
+  const int64_t slots = comp ? s.comp->schedule().projected_slots(full_len, s.n_prompt, s.stats.cached_tokens) : full_len;
+  const int64_t all = kv_->pages_for_slots(slots, comp);
   if (!windowed || c.swa_window <= 0 || !engine_->options().window_free) return all;
   // A local layer holds the window plus the step that is being computed (release_out_of_window runs
   // after each step), rounded out to pages on both ends; compression leaves it alone (window_layers is

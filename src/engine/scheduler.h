@@ -177,7 +177,8 @@ class Scheduler {
   void remove_running(Sequence* s);
   // Pages `s` will hold at most. windowed = false: as if sliding-window layers kept every page (the
   // length page tables are sized for, so the decode path never grows them).
-  int64_t projected_pages(const Sequence& s, bool windowed = true) const;
+  // Pages the sequence will hold at its peak; `uncompressed`: as if it did not compress (a guard's fallback).
+  int64_t projected_pages(const Sequence& s, bool windowed = true, bool uncompressed = false) const;
   void allow_fallback_if_full_kv_fits(Sequence& s) const;
   // Sliding-window models: releases the pages of `s`'s local layers that no later query can see.
   void release_out_of_window(Sequence& s);

@@ -162,7 +162,7 @@ PageId PagePool::allocate() {
   return take(p);
 }
 
-PageId PagePool::allocate_after(PageId prev) {
+PageId PagePool::allocate_after(PageId prev, bool reserve) {
   if (!cfg_.page_runs) return allocate();
   PageId t = kNoPage;
   if (prev != kNoPage) {
@@ -179,8 +179,16 @@ PageId PagePool::allocate_after(PageId prev) {
     else if (next_fresh_ < cfg_.max_pages && ensure_chunk(next_fresh_)) t = next_fresh_++;
     else return allocate();  // a soft-reserved page of another stream, or a cached one
   }
-  reserve_after(t);
+  if (reserve) reserve_after(t);
   return take(t);
+}
+
+void PagePool::release_reservation(PageId last) {
+  if (last == kNoPage) return;
+  for (PageId q = last + 1; q < next_fresh_ && q % cfg_.pages_per_chunk != 0 && soft_.contains(q); ++q) {
+    soft_.remove(q);
+    free_.push(q);
+  }
 }
 
 // The first page of the run of `set`'s pages that holds p (same chunk), taken out of the set: a stream

@@ -67,8 +67,13 @@ class PagePool {
   // (or the system refused memory for a new chunk) — callers turn that into a clean error / preemption.
   PageId allocate();
   // As allocate(), for the page that follows `prev` in a stream's table (kNoPage: the stream's first page):
-  // prefers the page right after `prev` in memory, then starts a run (see the header comment).
-  PageId allocate_after(PageId prev);
+  // prefers the page right after `prev` in memory, then starts a run (see the header comment). `reserve`:
+  // hold the pages after it for the stream (false for a page that is not the stream's last, e.g. a
+  // copy-on-write copy in the middle of a table).
+  PageId allocate_after(PageId prev, bool reserve = true);
+  // The pages held for the stream whose last page is `last` go back to the free list (the stream shrank
+  // or ended; a reservation only ever follows its stream's last page). O(run).
+  void release_reservation(PageId last);
   // Pages of a run: >= 128 KiB of pages (16 f16 pages of head_dim 128), at most 64, within one chunk.
   int32_t run_pages() const { return run_pages_; }
   void retain(PageId p);   // one more page-table entry names p (prefix sharing; revives a cached-free page)

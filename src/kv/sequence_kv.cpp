@@ -15,6 +15,7 @@ SequenceKv::~SequenceKv() { clear(); }
 
 void SequenceKv::clear() {
   for (auto& s : streams_) {
+    if (!s.pages.empty()) pool_->release_reservation(s.pages.back());
     for (PageId p : s.pages) pool_->release(p);
     s.pages.clear();
     s.page_ptrs.clear();
@@ -137,6 +138,7 @@ kernels::KvStreamView SequenceKv::view(int32_t stream) const {
 void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
   const int32_t ps = pool_->config().page_size;
   const size_t keep_pages = (static_cast<size_t>(n_slots) + ps - 1) / ps;
+  if (s.pages.size() > keep_pages) pool_->release_reservation(s.pages.back());
   while (s.pages.size() > keep_pages) {
     pool_->release(s.pages.back());
     s.pages.pop_back();
@@ -148,7 +150,7 @@ void SequenceKv::shrink_to(Stream& s, int32_t n_slots) {
 bool SequenceKv::make_private(Stream& s, size_t page_index) {
   const PageId old = s.pages[page_index];
   if (!pool_->is_shared(old)) return true;
-  const PageId fresh = pool_->allocate_after(page_index > 0 ? s.pages[page_index - 1] : kNoPage);
+  const PageId fresh = pool_->allocate_after(page_index > 0 ? s.pages[page_index - 1] : kNoPage, page_index + 1 == s.pages.size());
   if (fresh == kNoPage) return false;
   std::memcpy(pool_->data(fresh), pool_->data(old), pool_->page_bytes());
   const int32_t ps = pool_->config().page_size;
