@@ -64,6 +64,32 @@ TEST(CliCompress, Budget128Over500TokensStaysBounded) {
   }
 }
 
+// The drift figures reach a `generate` user: with the exact guard at its smallest threshold the request falls
+// back to full KV (guard_fallbacks=1) and its text is full KV's; with a pool that can never hold the whole KV
+// the guard is refused instead (guard_fallbacks_refused=1) and the request still finishes.
+TEST(CliCompress, GenerateReportsDriftChecksAndTheGuard) {
+  const std::string prompt = "\"Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+                             "friends. One day, she saw a big red ball under a tree and\"";
+  const std::string base = "generate -m " + kModel + " --temp 0 -n 40 -q -p " + prompt;
+  const std::string guarded = base + " --kv-policy knorm --kv-budget 16 --kv-interval 16 --kv-cold host:16M --kv-recall-every 1 "
+                                     "--kv-guard-exact --kv-guard-exact-tv 0.000001";
+  const Proc full = run(base);
+  const Proc g = run(guarded);
+  ASSERT_EQ(full.status, 0) << full.err;
+  ASSERT_EQ(g.status, 0) << g.err;
+  EXPECT_GT(stat(g.err, "exact_checks"), 0) << g.err;
+  EXPECT_EQ(stat(g.err, "guard_fallbacks"), 1) << g.err;
+  EXPECT_EQ(stat(g.err, "guard_fallbacks_refused"), 0) << g.err;
+  EXPECT_EQ(g.out, full.out) << "after the fallback the request continues as full KV";
+  // 20 streams x 4 pages: the compressed request (16 + 16 slots = 2 pages per stream, plus the check's fork
+  // page) fits, its whole KV (~80 tokens: 5 pages per stream) never does.
+  const Proc small = run(guarded + " --kv-pages 80");
+  ASSERT_EQ(small.status, 0) << small.err;
+  EXPECT_EQ(stat(small.err, "generated"), 40) << small.err;
+  EXPECT_EQ(stat(small.err, "guard_fallbacks"), 0) << small.err;
+  EXPECT_EQ(stat(small.err, "guard_fallbacks_refused"), 1) << small.err;
+}
+
 TEST(CliCompress, NaiveEvictionFreesAlmostNothing) {
   const std::string base = "generate -m " + kModel + " --temp 0 -n 500 -q --kv-policy knorm --kv-budget 128";
   const Proc naive = run(base + " --kv-naive");

@@ -247,6 +247,19 @@ void print_generate_stats(const GenerateResult& r, const Engine& engine, const c
                    static_cast<unsigned long long>(e.bytes_written), static_cast<long long>(e.pages_refused),
                    static_cast<unsigned long long>(e.digest_bytes));
     }
+    const compress::RecallStats& rs = c.recall;
+    if (rs.checks > 0 || rs.exact_checks > 0 || rs.exact_skipped > 0) {
+      // Recall, the drift estimate and the exact check / guards: whether this answer may differ from full KV's.
+      std::fprintf(stderr,
+                   "[kvpack] kv_drift: checks=%lld drift_max=%.4f pages_recalled=%lld cold_bytes_read=%llu exact_checks=%lld "
+                   "exact_skipped=%lld exact_tv_max=%.4f exact_flips=%lld guard_escalations=%lld guard_fallbacks=%lld "
+                   "guard_fallbacks_incomplete=%lld guard_fallbacks_refused=%lld\n",
+                   static_cast<long long>(rs.checks), rs.drift_max, static_cast<long long>(rs.pages_recalled),
+                   static_cast<unsigned long long>(rs.bytes_read), static_cast<long long>(rs.exact_checks),
+                   static_cast<long long>(rs.exact_skipped), rs.exact_tv_max, static_cast<long long>(rs.exact_flips),
+                   static_cast<long long>(rs.guard_escalations), static_cast<long long>(rs.guard_fallbacks),
+                   static_cast<long long>(rs.guard_fallbacks_incomplete), static_cast<long long>(rs.guard_fallbacks_refused));
+    }
   }
 }
 
