@@ -121,10 +121,10 @@ double decode_tok_s(Engine& engine, kv::SequenceKv& seq, int32_t n_tokens, compr
 // Share of a sequence's pages (after each stream's first) that break address order, i.e. that decode
 // attention prefetches in software instead of leaving to the hardware (kernels::kv_page_needs_prefetch).
 double scattered_page_share(const kv::SequenceKv& seq) {
-  const size_t span = seq.pool().v_offset() + seq.pool().slot_bytes() * static_cast<size_t>(seq.pool().config().page_size) + 4096;
   int64_t broken = 0, total = 0;
   for (int32_t s = 0; s < seq.n_streams(); ++s) {
     const kernels::KvStreamView v = seq.view(s);
+    const size_t span = kernels::kv_page_span(v);
     const int32_t n_pages = (v.n_slots + v.page_size - 1) / v.page_size;
     for (int32_t i = 1; i < n_pages; ++i, ++total) broken += kernels::kv_page_needs_prefetch(v.pages, i, span) ? 1 : 0;
   }

@@ -200,7 +200,7 @@ int32_t SequenceCompressor::record_exact_check(kv::SequenceKv& kv, const float* 
   const bool flipped = rs.add_exact_check(compressed_logits, full_logits, n_vocab);
   int32_t recompute = 0;
   const bool flagged = flipped || rs.exact_tv_last >= static_cast<double>(cfg_.recall.exact_guard);
-  if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0 && !fallback_refused_) {
+  if (cfg_.recall.exact_guard > 0 && flagged && evicted_ != nullptr && kv.next_pos() > 0) {
     // The evicted keys change what this request would emit: full KV from here on. Every token from the
     // first compression event on was computed over a hot set with keys missing (during prefill, most of
     // the prompt): with every key back they are dropped and computed again, so the request continues

@@ -70,6 +70,11 @@ struct KvStreamView {
   size_t v_offset = 0;  // byte offset of the V block inside a page (>= page_size * kv_row_bytes(kv_type, head_dim))
 };
 
+// kv_page_needs_prefetch's `page_span` for a stream: its V offset, one block, and slack for the positions.
+inline size_t kv_page_span(const KvStreamView& kv) {
+  return kv.v_offset + kv_row_bytes(kv.kv_type, kv.head_dim) * static_cast<size_t>(kv.page_size) + 4096;
+}
+
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;    // floats between consecutive tokens' q rows

@@ -37,8 +37,7 @@ void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args);
 
 namespace {
 
-// Element kinds the page kernels read directly (Q8_0: on AVX-512 only, see above).
-// kElemQ8: Q8_0 read directly by a Kern with kDirectQ8 (AVX-512).
+// Element kinds the page kernels read directly (kElemQ8: only a Kern with kDirectQ8, see above).
 enum : int { kElemF32 = 0, kElemF16 = 1, kElemBF16 = 2, kElemQ8 = 3 };
 
 // Query rows processed together against each page. 32 rows x 128 dims keeps the q tile and accumulator
@@ -133,7 +132,7 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
   const int32_t tt = tile_tokens(n_new, G);
   const Layout L = make_layout(a.scratch, n_new, G, hd, ps);
   const size_t block_bytes = static_cast<size_t>(ps) * kv_row_bytes(type, hd);  // K (or V) bytes of one page
-  const size_t page_span = kv.v_offset + block_bytes + 4096;  // a page record at most (kv_page_needs_prefetch)
+  const size_t page_span = kv_page_span(kv);
   const int32_t hdp = L.hdp, psp = L.psp;
   // Q8_0 block -> f32 rows in L.conv (row stride hd), read by the F32 kernels.
   auto block = [&](const uint8_t* b, int32_t n) -> const uint8_t* {
