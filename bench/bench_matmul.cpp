@@ -6,6 +6,7 @@
 // Benchmarks (every ISA path the CPU supports is registered separately; KVPACK_ISA is not consulted):
 //   stream_sum/threads:T            read bandwidth: sum of a 512 MB buffer           -> "bytes" rate
 //   gemv/TYPE/NINxNOUT/ISA/threads:T  n_tokens = 1: y = W x                           -> "weights" rate
+//   gemv/Q8_0P|Q4_KP/.../threads:2/interleaved: the packed GEMV on a pool with the old task order
 //   prefill/TYPE/NINxNOUT/tok:N/ISA/threads:T                                         -> "flops" rate
 // TYPE: F16, Q8_0, BF16, Q4_0, Q4_K, F32, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS, Q5_0, Q5_1, IQ4_NL.
 // Rates are SI (G = 1e9). threads:1 runs are timed by the calling thread's CPU time (it does all the
@@ -16,6 +17,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -37,9 +39,11 @@ using namespace kvpack::kernels;
 
 constexpr size_t kRotateBytes = size_t{512} << 20;
 
+// threads = -2: two threads with the pool's Interleaved task order (one shared counter; ThreadPool::Order),
+// the baseline of the default Partitioned order.
 ThreadPool* pool_for(int threads) {
-  static ThreadPool p1(1), p2(2);
-  return threads <= 1 ? &p1 : &p2;
+  static ThreadPool p1(1), p2(2), p2_interleaved(2, ThreadPool::Order::Interleaved);
+  return threads == -2 ? &p2_interleaved : threads <= 1 ? &p1 : &p2;
 }
 
 // n_copies back-to-back copies of one weight matrix (64 distinct random rows, tiled).
@@ -228,11 +232,14 @@ void register_all() {
     using Fn = void (*)(benchmark::State&, Isa, int64_t, int64_t, int64_t, int);
     const std::pair<const char*, Fn> kinds[] = {{"Q8_0P", bm_packed<PackedQ8, DType::Q8_0>}, {"Q4_KP", bm_packed<PackedQ4K, DType::Q4_K>}};
     for (const auto& [kind, fn] : kinds) {
+      // threads:2/interleaved: the same two threads with the pool's old task order, side by side.
       for (const Shape& s : kPackedShapes)
-        for (int threads : {1, 2}) {
+        for (int threads : {1, 2, -2}) {
           const std::string name = "gemv/" + std::string(kind) + "/" + std::string(s.what) + "_" + std::to_string(s.n_in) + "x" +
-                                   std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(threads);
-          timing(benchmark::RegisterBenchmark(name.c_str(), fn, Isa::Avx512, s.n_in, s.n_out, int64_t{1}, threads), threads)
+                                   std::to_string(s.n_out) + "/avx512/threads:" + std::to_string(std::abs(threads)) +
+                                   (threads < 0 ? "/interleaved" : "");
+          timing(benchmark::RegisterBenchmark(name.c_str(), fn, Isa::Avx512, s.n_in, s.n_out, int64_t{1}, threads),
+                 std::abs(threads))
               ->Unit(benchmark::kMicrosecond);
         }
       for (int64_t n_tok : {4, 8, 64})
