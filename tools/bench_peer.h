@@ -78,8 +78,19 @@ PeerChoice choose_peer(const PeerOptions& b, const fs::path& dir, const std::str
 // ---------------------------------------------------------------------------------------------
 // Roofline and report (cmd_bench_peer_report.cpp).
 
-// Bytes per second of a `threads`-thread streaming read of a `bytes` buffer, best of `tries`.
-double measure_bandwidth(int threads, size_t bytes, int tries);
+// Bytes per second of a `threads`-thread streaming read of a `bytes` buffer, best of `tries`. The buffer is
+// allocated and touched once (a fresh 1 GiB per reading cost ~0.3 s of page faults, and the bench reads
+// it after every round). Not thread-safe: one reading at a time.
+class BandwidthProbe {
+ public:
+  BandwidthProbe(int threads, size_t bytes);
+  double read(int tries);
+
+ private:
+  int threads_;
+  size_t n_;  // 64-bit words
+  std::unique_ptr<uint64_t[]> buf_;
+};
 // Int8 arithmetic peaks of `threads` threads, ops (2 per multiply-add) per second, 0 without AVX-512 VNNI:
 // raw vpdpbusd, and the GEMM's per-block sequence (vpdpbusd + convert + scale product + FMA).
 struct Int8Peak {
@@ -100,8 +111,11 @@ std::string ratio(double a, double b);
 struct Row {
   std::string phase;
   int32_t n;
-  double kv_tps, ll_tps, bytes_per_token, bw;  // bw: measured right before the phase
+  // bw: the bandwidth kvpack's roofline uses (decode rows: read right before and after each of kvpack's own
+  // rounds, TimedRound); ll_bw: llama.cpp's, read around its rounds (0: the same as bw).
+  double kv_tps, ll_tps, bytes_per_token, bw;
   std::string extra;
+  double ll_bw = 0;
 };
 // The Markdown table (ready for docs/performance.md) and the notes of the compressed rows.
 void print_table(const std::vector<Row>& rows);

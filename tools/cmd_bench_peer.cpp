@@ -15,10 +15,11 @@
 // embedding is the output head) + KV at that depth (f16 K and V of every layer); for prefill the
 // weights are read once per forward of --batch tokens, so prefill is compute bound and its fraction
 // is small (GFLOP/s are printed too). Bandwidth: a --threads-thread streaming read of a 1 GiB buffer,
-// measured before the runs and after; for each decode phase before it, after every round of both engines
-// and after it, and that phase's roofline uses the median of its readings (on a shared machine the bandwidth
-// available moves with other tenants' traffic: one reading right before a phase read 55 GB/s where the
-// readings around it read 35, and the phase's fraction swung by 30 points with it).
+// measured before the runs and after; in each decode phase before it and after every round of either engine,
+// so each engine's roofline uses the readings right before and after each of its own rounds (TimedRound; on
+// a shared machine the bandwidth available moves with other tenants' traffic within seconds: one reading
+// right before a phase read 55 GB/s where the readings around it read 35, and a phase-wide median moved a
+// fraction by 30 points). The compressed run reads it every --round-steps steps.
 //
 // This file: the command, its options, the kvpack side and the phase-by-phase runs; the llama.cpp
 // driver is in cmd_bench_peer_llama.cpp, the bandwidth measurement and the report in
@@ -100,39 +101,63 @@ std::vector<double> kvpack_decode_steps(Engine& engine, kv::SequenceKv& seq, int
 // engines alternating (order flipping each round), one warm-up step per engine per round (warmup_steps in
 // the first), so load changes on a shared machine hit both alike. `kv(warm, n)` and `peer(warm, n)` run one
 // engine's round and return its timed step times; peer is skipped without a llama.cpp peer.
-struct AlternatedSteps {
-  std::vector<double> kvpack, llama;
+//
+// `read_bw()` reads the memory bandwidth after every engine round, so each round has a reading right before
+// and right after it; their mean is that round's bandwidth. Other tenants' memory traffic moves the host
+// between ~30 and ~55 GB/s within seconds, and a llama.cpp round at depth lasts several times a kvpack round:
+// a phase-wide median (the earlier method) paired a kvpack round with readings taken seconds away from it.
+struct TimedRound {
+  std::vector<double> steps;
+  double bw = 0;  // mean of the readings right before and right after the round
 };
-// `after_round()` runs after each round of both engines (a bandwidth reading, PhaseBandwidth).
-template <class KvRound, class PeerRound, class AfterRound>
-AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, KvRound&& kv, PeerRound&& peer,
-                                 AfterRound&& after_round) {
+struct AlternatedSteps {
+  std::vector<double> kvpack, llama;  // every timed step
+  std::vector<TimedRound> kvpack_rounds, llama_rounds;
+};
+template <class KvRound, class PeerRound, class ReadBw>
+AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, double bw_before, KvRound&& kv,
+                                 PeerRound&& peer, ReadBw&& read_bw) {
   AlternatedSteps out;
+  double prev = bw_before;
+  auto record = [&](std::vector<double> v, std::vector<double>& all, std::vector<TimedRound>& rr) {
+    const double after = read_bw();
+    all.insert(all.end(), v.begin(), v.end());
+    rr.push_back({std::move(v), 0.5 * (prev + after)});
+    prev = after;
+  };
   for (int32_t r = 0; r < rounds; ++r) {
     const int32_t n = std::min(b.round_steps, b.decode_tokens - r * b.round_steps);
     const int32_t warm = r == 0 ? b.warmup_steps : 1;
     for (int k = 0; k < 2; ++k) {
-      if ((r + k) % 2 == 0) {
-        const std::vector<double> v = kv(warm, n);
-        out.kvpack.insert(out.kvpack.end(), v.begin(), v.end());
-      } else if (has_peer) {
-        const std::vector<double> v = peer(warm, n);
-        out.llama.insert(out.llama.end(), v.begin(), v.end());
-      }
+      if ((r + k) % 2 == 0)
+        record(kv(warm, n), out.kvpack, out.kvpack_rounds);
+      else if (has_peer)
+        record(peer(warm, n), out.llama, out.llama_rounds);
     }
-    after_round();
   }
   return out;
 }
 
-// The bandwidth readings of one phase (before it, after each round, after it); its roofline uses their
-// median. Not thread-safe (the bench's one thread).
+// The bandwidth an engine's rounds ran at: each round's bandwidth weighted by its time at the roofline
+// (steps x bytes / bw), i.e. total bytes over the total roofline time; 0 without rounds.
+double rounds_bandwidth(const std::vector<TimedRound>& rr) {
+  double steps = 0, roof_time = 0;  // bytes per step cancel
+  for (const TimedRound& r : rr) {
+    steps += static_cast<double>(r.steps.size());
+    roof_time += static_cast<double>(r.steps.size()) / r.bw;
+  }
+  return roof_time > 0 ? steps / roof_time : 0.0;
+}
+
+// The bandwidth readings of one phase (before it, after each round); printed as their median and range,
+// the rooflines use them round by round (rounds_bandwidth). Not thread-safe (the bench's one thread).
 class PhaseBandwidth {
  public:
-  PhaseBandwidth(int threads, size_t bytes, double* best) : threads_(threads), bytes_(bytes), best_(best) {}
-  void read(int tries) {
-    v_.push_back(measure_bandwidth(threads_, bytes_, tries));
+  PhaseBandwidth(BandwidthProbe& probe, double* best) : probe_(&probe), best_(best) {}
+  double read(int tries) {
+    v_.push_back(probe_->read(tries));
     *best_ = std::max(*best_, v_.back());
+    return v_.back();
   }
   double latest() const { return v_.back(); }
   double median() const { return kvpack::cli::median(v_); }
@@ -144,8 +169,7 @@ class PhaseBandwidth {
   }
 
  private:
-  int threads_;
-  size_t bytes_;
+  BandwidthProbe* probe_;
   double* best_;
   std::vector<double> v_;
 };
@@ -265,7 +289,8 @@ void add_bench_peer(CLI::App& bench) {
                 b->reps, b->decode_tokens, b->round_steps, b->warmup_steps);
 
     const size_t bw_bytes = static_cast<size_t>(b->bw_mib) << 20;
-    const double bw0 = measure_bandwidth(threads, bw_bytes, 5);
+    BandwidthProbe probe(threads, bw_bytes);
+    const double bw0 = probe.read(5);
     double bw_max = bw0;  // best of all measurements in this run (printed at the end)
     double bw_now = bw0;  // the bandwidth of the phase being reported (prefill: this first reading)
     std::printf("# bandwidth (%d-thread streaming read of %s, best of 5): %.1f GB/s; load average %s\n", threads,
@@ -333,7 +358,7 @@ void add_bench_peer(CLI::App& bench) {
     std::unique_ptr<kv::SequenceKv> real_seq;  // --kvpack-real-fill: one growing sequence, like llama.cpp's
     for (int32_t depth : b->depths) {
       phases.note("(decode at depth " + std::to_string(depth) + ")");
-      PhaseBandwidth pbw(threads, bw_bytes, &bw_max);
+      PhaseBandwidth pbw(probe, &bw_max);
       pbw.read(3);
       std::printf("# bandwidth before depth %d: %.1f GB/s; load average %s\n", depth, pbw.latest() / 1e9, loadavg().c_str());
       std::mt19937 r2(static_cast<uint32_t>(b->seed + static_cast<uint64_t>(depth)));
@@ -374,12 +399,14 @@ void add_bench_peer(CLI::App& bench) {
       std::fprintf(stderr, "[bench] decode at depth %d: %d rounds of up to %d steps, kvpack and llama.cpp alternating\n", depth, rounds,
                    b->round_steps);
       const AlternatedSteps st = alternate_rounds(
-          *b, rounds, peer.peer != nullptr, [&](int32_t warm, int32_t n) { return kvpack_decode_steps(engine, *seq, warm, n, r2); },
+          *b, rounds, peer.peer != nullptr, pbw.latest(),
+          [&](int32_t warm, int32_t n) { return kvpack_decode_steps(engine, *seq, warm, n, r2); },
           [&](int32_t warm, int32_t n) {
             return peer.peer->request({{"cmd", "steps"}, {"n", n}, {"warmup", warm}})["steps"].get<std::vector<double>>();
           },
-          [&] { pbw.read(2); });
-      bw_now = pbw.median();
+          [&] { return pbw.read(2); });
+      bw_now = rounds_bandwidth(st.kvpack_rounds);
+      const double ll_bw = st.llama_rounds.empty() ? bw_now : rounds_bandwidth(st.llama_rounds);
       std::printf("# bandwidth during depth %d: %s\n", depth, pbw.describe().c_str());
       const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       const double kv_tps = 1.0 / median(ksteps);
@@ -393,11 +420,12 @@ void add_bench_peer(CLI::App& bench) {
       // Mean KV read per step over the timed steps (depth grows by one per step).
       const double mean_depth = depth + b->warmup_steps + 0.5 * (b->decode_tokens + rounds);
       const double bytes = W + kv_per_token * mean_depth;
-      const double roof = bw_now / bytes;
-      rows.push_back({"decode", depth, kv_tps, ll_tps, bytes, bw_now, extra});
-      std::printf("decode depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s llama.cpp=%s |%s\n",
-                  depth, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(),
-                  pct(kv_tps, roof).c_str(), pct(ll_tps, roof).c_str(), extra.c_str());
+      const double roof = bw_now / bytes, ll_roof = ll_bw / bytes;
+      rows.push_back({"decode", depth, kv_tps, ll_tps, bytes, bw_now, extra, ll_bw});
+      std::printf("decode depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token) at %.1f GB/s around kvpack's "
+                  "rounds, %.1f around llama.cpp's: kvpack=%s llama.cpp=%s |%s\n",
+                  depth, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(), bw_now / 1e9,
+                  ll_bw / 1e9, pct(kv_tps, roof).c_str(), pct(ll_tps, ll_roof).c_str(), extra.c_str());
       std::fflush(stdout);
       if (kvc.enabled() && depth > kvc.budget) {
         // kvpack compressed at this depth vs llama.cpp's full KV at the same depth (measured just above).
@@ -407,15 +435,27 @@ void add_bench_peer(CLI::App& bench) {
         fill_kv_synthetic(*cs, depth, b->seed + static_cast<uint64_t>(depth) + 1);
         compress::SequenceCompressor comp(kvc, c, engine.calibration(), 1, &engine.runner().threads());
         comp.compress(*cs);
+        // In chunks of --round-steps with a bandwidth reading after each (TimedRound), no warm-up after the
+        // first: every step counts, the compaction event's included.
         const int32_t n = std::max(b->decode_tokens, kvc.interval + 1);
         const int64_t events0 = comp.stats().events;
-        const auto steps = kvpack_decode_steps(engine, *cs, b->warmup_steps, n, r2, &comp);
+        std::vector<double> steps;
+        std::vector<TimedRound> chunks;
+        double prev_bw = pbw.read(2);
+        for (int32_t done = 0; done < n;) {
+          const int32_t m = std::min(b->round_steps, n - done);
+          std::vector<double> v = kvpack_decode_steps(engine, *cs, done == 0 ? b->warmup_steps : 0, m, r2, &comp);
+          const double after = pbw.read(2);
+          steps.insert(steps.end(), v.begin(), v.end());
+          chunks.push_back({std::move(v), 0.5 * (prev_bw + after)});
+          prev_bw = after;
+          done += m;
+        }
         const int64_t events = comp.stats().events - events0;
         double step_s = 0;  // mean, not median: the compaction event is one step in `interval`
         for (double x : steps) step_s += x / n;
         const double c_tps = 1.0 / step_s;
-        pbw.read(2);  // after the compressed run (kvpack alone)
-        bw_now = pbw.median();
+        bw_now = rounds_bandwidth(chunks);
         std::printf("# bandwidth during depth %d with the compressed run: %s\n", depth, pbw.describe().c_str());
         const double c_bytes = W + kv_per_token * (kvc.budget + 0.5 * kvc.interval);
         const double c_roof = bw_now / c_bytes;
@@ -442,7 +482,7 @@ void add_bench_peer(CLI::App& bench) {
     for (int32_t N : b->batch_seqs) {
       const int32_t D = b->batch_depth;
       phases.note("(batched decode, " + std::to_string(N) + " sequences)");
-      PhaseBandwidth pbw(threads, bw_bytes, &bw_max);
+      PhaseBandwidth pbw(probe, &bw_max);
       pbw.read(3);
       std::printf("# bandwidth before batch %d: %.1f GB/s; load average %s\n", N, pbw.latest() / 1e9, loadavg().c_str());
       std::mt19937 r3(static_cast<uint32_t>(b->seed + 1000003u * static_cast<uint64_t>(N)));
@@ -496,7 +536,7 @@ void add_bench_peer(CLI::App& bench) {
       std::fprintf(stderr, "[bench] batched decode, %d sequences at %d tokens: %d rounds of up to %d steps, alternating\n", N, D, rounds,
                    b->round_steps);
       const AlternatedSteps st = alternate_rounds(
-          *b, rounds, peer.peer != nullptr,
+          *b, rounds, peer.peer != nullptr, pbw.latest(),
           [&](int32_t warm, int32_t n) {
             std::vector<double> v;
             for (int32_t i = 0; i < warm + n; ++i) {
@@ -509,8 +549,9 @@ void add_bench_peer(CLI::App& bench) {
           [&](int32_t warm, int32_t n) {
             return peer.peer->request({{"cmd", "batchSteps"}, {"n", n}, {"warmup", warm}})["rounds"].get<std::vector<double>>();
           },
-          [&] { pbw.read(2); });
-      bw_now = pbw.median();
+          [&] { return pbw.read(2); });
+      bw_now = rounds_bandwidth(st.kvpack_rounds);
+      const double ll_bw = st.llama_rounds.empty() ? bw_now : rounds_bandwidth(st.llama_rounds);
       std::printf("# bandwidth during batch %d: %s\n", N, pbw.describe().c_str());
       const std::vector<double>&ksteps = st.kvpack, &lsteps = st.llama;
       if (peer.peer) peer.peer->request({{"cmd", "batchClose"}});
@@ -520,25 +561,27 @@ void add_bench_peer(CLI::App& bench) {
       // Bytes per round: the weights once, every sequence's KV at its mean depth; per token: / N.
       const double mean_depth = D + b->warmup_steps + 0.5 * (b->decode_tokens + rounds);
       const double bytes = (W + N * kv_per_token * mean_depth) / N;
-      const double roof = bw_now / bytes;
+      const double roof = bw_now / bytes, ll_roof = ll_bw / bytes;
       const std::string label = "batch-" + std::to_string(N);
       char ex[120];
       std::snprintf(ex, sizeof ex, " %d sequences at %d tokens, one token each per forward; tok/s = all sequences", N, D);
       extra = ex + extra;
-      rows.push_back({label, D, kv_tps, ll_tps, bytes, bw_now, extra});
-      std::printf("%s depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token): kvpack=%s llama.cpp=%s |%s\n",
+      rows.push_back({label, D, kv_tps, ll_tps, bytes, bw_now, extra, ll_bw});
+      std::printf("%s depth=%d kvpack=%s llama.cpp=%s ratio=%s tok/s | roofline %.1f tok/s (%s/token) at %.1f GB/s around kvpack's rounds, "
+                  "%.1f around llama.cpp's: kvpack=%s llama.cpp=%s |%s\n",
                   label.c_str(), D, tps(kv_tps).c_str(), tps(ll_tps).c_str(), ratio(kv_tps, ll_tps).c_str(), roof, gib(bytes).c_str(),
-                  pct(kv_tps, roof).c_str(), pct(ll_tps, roof).c_str(), extra.c_str());
+                  bw_now / 1e9, ll_bw / 1e9, pct(kv_tps, roof).c_str(), pct(ll_tps, ll_roof).c_str(), extra.c_str());
       std::fflush(stdout);
       phases.advance();
     }
     phases.finish();
     if (peer.peer) peer.peer->finish();
 
-    const double bw1 = measure_bandwidth(threads, bw_bytes, 5);
+    const double bw1 = probe.read(5);
     bw_max = std::max(bw_max, bw1);
-    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each decode roofline uses the median "
-                "of the readings before, between the rounds of and after its phase; the spread is other tenants' memory traffic)\n",
+    std::printf("# load average %s; bandwidth after the runs: %.1f GB/s; best of the run: %.1f GB/s (each engine's decode roofline uses "
+                "the readings right before and after each of its own rounds, GB/s column: kvpack's; the spread is other tenants' memory "
+                "traffic)\n",
                 loadavg().c_str(), bw1 / 1e9, bw_max / 1e9);
     print_table(rows);
   });

@@ -69,41 +69,41 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
 
 }  // namespace
 
-double measure_bandwidth(int threads, size_t bytes, int tries) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+BandwidthProbe::BandwidthProbe(int threads, size_t bytes)
+    : threads_(threads), n_(bytes / sizeof(uint64_t)), buf_(new uint64_t[bytes / sizeof(uint64_t)]) {
   // Touch every page (and give the lanes something to add) from the threads that will read it.
-  {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
-        for (int64_t i = lo; i < hi; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
-      });
-    for (auto& th : ts) th.join();
-  }
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads_; ++t)
+    ts.emplace_back([&, t] {
+      auto [lo, hi] = split_range(static_cast<int64_t>(n_), threads_, t, 512);
+      for (int64_t i = lo; i < hi; ++i) buf_[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+    });
+  for (auto& th : ts) th.join();
+}
+
+double BandwidthProbe::read(int tries) {
   double best = 0;
   std::atomic<uint64_t> sink{0};
   for (int k = 0; k < tries; ++k) {
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
-    std::vector<double> t_end(static_cast<size_t>(threads));
+    std::vector<double> t_end(static_cast<size_t>(threads_));
     std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
+    for (int t = 0; t < threads_; ++t)
       ts.emplace_back([&, t] {
-        auto [lo, hi] = split_range(static_cast<int64_t>(n), threads, t, 512);
+        auto [lo, hi] = split_range(static_cast<int64_t>(n_), threads_, t, 512);
         ready.fetch_add(1);
         while (!go.load(std::memory_order_acquire)) {
         }
-        sink.fetch_add(read_sum(buf.get() + lo, static_cast<size_t>(hi - lo)), std::memory_order_relaxed);
+        sink.fetch_add(read_sum(buf_.get() + lo, static_cast<size_t>(hi - lo)), std::memory_order_relaxed);
         t_end[static_cast<size_t>(t)] = now_s();
       });
-    while (ready.load() != threads) std::this_thread::yield();
+    while (ready.load() != threads_) std::this_thread::yield();
     const double t0 = now_s();
     go.store(true, std::memory_order_release);
     for (auto& th : ts) th.join();
     const double dt = *std::max_element(t_end.begin(), t_end.end()) - t0;
-    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / dt);
+    best = std::max(best, static_cast<double>(n_ * sizeof(uint64_t)) / dt);
   }
   if (sink.load() == 42) std::fprintf(stderr, " ");  // keep the sums alive
   return best;
@@ -269,10 +269,10 @@ void print_table(const std::vector<Row>& rows) {
               "llama.cpp %% of roofline |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    const double roof = r.bw / r.bytes_per_token;
+    const double roof = r.bw / r.bytes_per_token, ll_roof = (r.ll_bw > 0 ? r.ll_bw : r.bw) / r.bytes_per_token;
     std::printf("| %s %s=%d | %s | %s | %s | %.1f | %s | %.1f | %s | %s |\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n,
                 tps(r.kv_tps).c_str(), tps(r.ll_tps).c_str(), ratio(r.kv_tps, r.ll_tps).c_str(), r.bw / 1e9, gib(r.bytes_per_token).c_str(),
-                roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, roof).c_str());
+                roof, pct(r.kv_tps, roof).c_str(), r.phase.rfind("decode-", 0) == 0 ? "(full KV)" : pct(r.ll_tps, ll_roof).c_str());
   }
   for (const Row& r : rows)
     if (r.phase == "prefill" || r.phase.rfind("decode-", 0) == 0 || r.phase.rfind("batch-", 0) == 0) std::printf("\n%s %s=%d:%s.\n", r.phase.c_str(), r.phase == "prefill" ? "n" : "depth", r.n, r.extra.c_str());
