@@ -500,10 +500,13 @@ void quant_act_avx512(const float* x, int64_t n_in, int bias_k, const ActLayout&
 // activation feeds two weight vectors.
 constexpr int kPackedTile1 = 12;
 constexpr int kPackedTile2 = 6;
-// The streaming tile prefetches the record this far ahead: a task's groups are one contiguous stream, but
-// a task is only 64-256 KB (a Qwen3-0.6B K or V projection is 1.1 MB in ~32 tasks), so the hardware
-// prefetchers restart at every task. Decode at depth 0 on the Qwen3-0.6B shape (Zen VM, 4 alternating
-// pairs of runs): 8 records ahead +6..+19 % tok/s over none; 4 and 8 alike in bench_matmul's GEMV rows.
+// The streaming tile prefetches the record this far ahead (past a group's last record into the next
+// group, which the pool's contiguous ranges make the same thread's next task as a rule): a task is only
+// 64-256 KB (a Qwen3-0.6B K or V projection is 1.1 MB in ~32 tasks), and when tasks were handed out one
+// shared counter at a time the hardware prefetchers restarted at every task. Decode at depth 0 on the
+// Qwen3-0.6B shape (Zen VM, 4 alternating pairs of runs, before the ranges): 8 records ahead +6..+19 %
+// tok/s over none; 4 and 8 alike in bench_matmul's GEMV rows (8 / 16 / 32 / 64 alike again with the
+// ranges, 2026-12-07).
 constexpr size_t kPackedAhead = 8 * 544;
 static_assert(2 * 1 * kPackedTile1 + 1 + 2 <= 32 && 2 * 2 * kPackedTile2 + 2 + 2 <= 32, "packed tile exceeds 32 zmm");
 
