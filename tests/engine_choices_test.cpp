@@ -166,6 +166,49 @@ TEST_F(ChoicesTest, GreedyChoicesEqualTheSoloRunAndShareThePromptPages) {
       }
 }
 
+// A forked choice's compressor carries the prompt's history (it compresses as a solo run would), but its
+// counts start at the fork: the request's choices and the scheduler's totals count the prompt's compaction
+// once. Counts of the solo run: E(40 tokens) for choice 0, E(40) - E(1) (what happens after the first
+// token, where the fork is) for every other choice.
+TEST_F(ChoicesTest, ForkedChoicesCountCompressionFromTheFork) {
+  auto solo_stats = [](Request r) {
+    r.n = 1;
+    Engine e(*model_, EngineOptions{});
+    e.set_calibration(*calib_);
+    SchedulerOptions so;
+    so.max_running = 1;
+    Scheduler sched(e, so);
+    Out out;
+    const uint64_t id = submit(sched, r, out);
+    run(sched, e, out);
+    return out[{id, 0}].stats.compression;
+  };
+  const int32_t n = 3;
+  const Request r = request(n, compress::PolicyKind::KNorm);
+  const compress::CompressionStats whole = solo_stats(r);
+  const compress::CompressionStats before_fork = solo_stats(request(1, compress::PolicyKind::KNorm, 1));
+  ASSERT_GT(before_fork.events, 0) << "the prompt should be compressed before the fork";
+  ASSERT_GT(whole.events, before_fork.events) << "decode should compress again after the fork";
+  Engine e(*model_, EngineOptions{});
+  e.set_calibration(*calib_);
+  Scheduler sched(e, SchedulerOptions{});
+  Out out;
+  const uint64_t id = submit(sched, r, out);
+  run(sched, e, out);
+  int64_t events = 0, evicted = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const compress::CompressionStats& c = out[{id, i}].stats.compression;
+    EXPECT_EQ(c.events, i == 0 ? whole.events : whole.events - before_fork.events) << "choice " << i;
+    EXPECT_EQ(c.evicted_slots, i == 0 ? whole.evicted_slots : whole.evicted_slots - before_fork.evicted_slots) << "choice " << i;
+    events += c.events;
+    evicted += c.evicted_slots;
+  }
+  const SchedulerMetrics m = sched.metrics();
+  EXPECT_EQ(m.compression.events, events);
+  EXPECT_EQ(m.compression.evicted_slots, evicted);
+  EXPECT_EQ(events, whole.events + (n - 1) * (whole.events - before_fork.events));
+}
+
 TEST_F(ChoicesTest, SeededChoicesAreReproducibleAndEqualSoloRunsWithTheirDerivedSeed) {
   for (compress::PolicyKind pol : {compress::PolicyKind::Full, compress::PolicyKind::KNorm}) {
     Request r = request(3, pol, 30);

@@ -38,6 +38,19 @@ void CompressionStats::add(const CompressionStats& o) {
   recall.add(o.recall);
 }
 
+void CompressionStats::subtract_counts(const CompressionStats& b) {
+  events -= b.events;
+  evicted_slots -= b.evicted_slots;
+  freed_pages -= b.freed_pages;
+  evicted_bytes -= b.evicted_bytes;
+  freed_bytes -= b.freed_bytes;
+  seconds -= b.seconds;
+  score_seconds -= b.score_seconds;
+  cold_seconds -= b.cold_seconds;
+  deferred_streams -= b.deferred_streams;
+  recall.subtract_counts(b.recall);
+}
+
 SequenceCompressor::SequenceCompressor(const CompressConfig& cfg, const ModelConfig& model, const QueryStats* stats,
                                        int32_t prompt_len, ThreadPool* pool)
     : cfg_(cfg), mc_(model), qstats_(stats), prompt_len_(prompt_len), pool_(pool), n_streams_(model.n_layer * model.n_head_kv),

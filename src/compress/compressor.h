@@ -47,6 +47,8 @@ struct CompressionStats {
   RecallStats recall;             // recall checks and what they brought back (compress/recall.h)
   double reclaim_efficiency() const { return evicted_bytes ? static_cast<double>(freed_bytes) / evicted_bytes : 0.0; }
   void add(const CompressionStats& o);
+  // Takes away `base`'s counts and times (RecallStats::subtract_counts); max_streams_slots stays.
+  void subtract_counts(const CompressionStats& base);
 };
 
 class SequenceCompressor : public ForwardObserver {

@@ -44,6 +44,29 @@ void RecallStats::add(const RecallStats& o) {
   if (exact_tv_first < 0) exact_tv_first = o.exact_tv_first;
 }
 
+void RecallStats::subtract_counts(const RecallStats& b) {
+  checks -= b.checks;
+  pages_bounded -= b.pages_bounded;
+  pages_read -= b.pages_read;
+  pages_recalled -= b.pages_recalled;
+  slots_recalled -= b.slots_recalled;
+  read_misses -= b.read_misses;
+  bytes_read -= b.bytes_read;
+  seconds -= b.seconds;
+  score_seconds -= b.score_seconds;
+  read_seconds -= b.read_seconds;
+  measure_seconds -= b.measure_seconds;
+  settle_seconds -= b.settle_seconds;
+  guard_escalations -= b.guard_escalations;
+  guard_fallbacks -= b.guard_fallbacks;
+  guard_fallbacks_incomplete -= b.guard_fallbacks_incomplete;
+  guard_fallbacks_refused -= b.guard_fallbacks_refused;
+  fallback_pages_lost -= b.fallback_pages_lost;
+  exact_checks -= b.exact_checks;
+  exact_skipped -= b.exact_skipped;
+  exact_flips -= b.exact_flips;
+}
+
 bool RecallStats::add_exact_check(const float* compressed, const float* full, int32_t n_vocab) {
   // Softmax of both rows in f64, then TV = 1/2 sum |p - q|.
   double mc = -std::numeric_limits<double>::infinity(), mf = mc;

@@ -76,6 +76,9 @@ struct RecallStats {
   double exact_tv_max = -1;
   double exact_tv_first = -1;    // end of prefill: before the answer
   void add(const RecallStats& o);
+  // Takes away `base`'s counts and times (what a forked choice inherited from its parent, so a request's
+  // choices count what happened before the fork once); the latest / first / largest values stay.
+  void subtract_counts(const RecallStats& base);
   // One exact check's result from the two logit rows (n_vocab each); returns whether it flipped (the most
   // likely token differs).
   bool add_exact_check(const float* compressed, const float* full, int32_t n_vocab);

@@ -691,6 +691,7 @@ void Scheduler::fork(Sequence& s, const float* lg) {
     c->stats.queue_seconds = s.stats.queue_seconds;
     c->stats.peak_kv_pages = s.stats.peak_kv_pages;
     c->comp_before = s.comp_before;
+    c->fork_base = s.compression_so_far();  // the parent's own base included: counts start at this fork
     saved += c->stats.fork_shared_pages;
     Sequence& child = *c;
     running_.push_back(std::move(c));  // plan items and done_ hold raw pointers: they stay valid

@@ -50,13 +50,19 @@ struct Sequence {
   std::vector<TokenLogprob> pending_logprobs;  // emitted tokens whose log-probabilities no event carried yet
   RequestStats stats;
   compress::CompressionStats comp_before;  // compression stats of earlier incarnations (preemption)
+  // A forked choice (n > 1): its parent's figures at the fork. The child's compressor and comp_before carry
+  // the shared history (the child compresses as a solo run would); its counts start at the fork, so a
+  // request's choices and the server's totals count the prompt's compaction once (choice 0 holds it).
+  compress::CompressionStats fork_base;
 
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - n_computed; }
   bool first_token_done() const { return t_first_token > 0; }
-  // Compression figures of every incarnation so far (earlier ones + the live compressor).
+  // Compression figures of every incarnation so far (earlier ones + the live compressor), a forked
+  // choice's counted from its fork.
   compress::CompressionStats compression_so_far() const {
     compress::CompressionStats c = comp_before;
     if (comp) c.add(comp->stats());
+    c.subtract_counts(fork_base);
     return c;
   }
 };
