@@ -98,6 +98,11 @@ class ChoicesTest : public ::testing::Test {
   }
   // The request with n = 1 alone on a fresh engine (same prefix-cache setting); its text and peak pages.
   static std::pair<std::string, int64_t> solo(Request r, bool prefix_cache, const std::string& cold = "") {
+    auto [choice, peak] = solo_run(std::move(r), prefix_cache, cold);
+    return {choice.text, peak};
+  }
+  // The same, with everything that came back (text, finish, stats).
+  static std::pair<Choice, int64_t> solo_run(Request r, bool prefix_cache, const std::string& cold = "") {
     r.n = 1;
     EngineOptions eo;
     eo.kv_cold = cold;
@@ -110,7 +115,7 @@ class ChoicesTest : public ::testing::Test {
     Out out;
     const uint64_t id = submit(sched, r, out);
     const int64_t peak = run(sched, e, out);
-    return {out[{id, 0}].text, peak};
+    return {out[{id, 0}], peak};
   }
 
   static Model* model_;
@@ -171,18 +176,7 @@ TEST_F(ChoicesTest, GreedyChoicesEqualTheSoloRunAndShareThePromptPages) {
 // once. Counts of the solo run: E(40 tokens) for choice 0, E(40) - E(1) (what happens after the first
 // token, where the fork is) for every other choice.
 TEST_F(ChoicesTest, ForkedChoicesCountCompressionFromTheFork) {
-  auto solo_stats = [](Request r) {
-    r.n = 1;
-    Engine e(*model_, EngineOptions{});
-    e.set_calibration(*calib_);
-    SchedulerOptions so;
-    so.max_running = 1;
-    Scheduler sched(e, so);
-    Out out;
-    const uint64_t id = submit(sched, r, out);
-    run(sched, e, out);
-    return out[{id, 0}].stats.compression;
-  };
+  auto solo_stats = [](Request r) { return solo_run(std::move(r), true).first.stats.compression; };
   const int32_t n = 3;
   const Request r = request(n, compress::PolicyKind::KNorm);
   const compress::CompressionStats whole = solo_stats(r);

@@ -110,6 +110,20 @@ struct TimedRound {
   std::vector<double> steps;
   double bw = 0;  // mean of the readings right before and right after the round
 };
+// Rounds in a row with a bandwidth reading between each two: close() takes a round's steps and the reading
+// right after it, and pairs them with the one before.
+class RoundPairing {
+ public:
+  explicit RoundPairing(double before) : prev_(before) {}
+  TimedRound close(std::vector<double> steps, double after) {
+    TimedRound r{std::move(steps), 0.5 * (prev_ + after)};
+    prev_ = after;
+    return r;
+  }
+
+ private:
+  double prev_;
+};
 struct AlternatedSteps {
   std::vector<double> kvpack, llama;  // every timed step
   std::vector<TimedRound> kvpack_rounds, llama_rounds;
@@ -118,12 +132,10 @@ template <class KvRound, class PeerRound, class ReadBw>
 AlternatedSteps alternate_rounds(const PeerOptions& b, int32_t rounds, bool has_peer, double bw_before, KvRound&& kv,
                                  PeerRound&& peer, ReadBw&& read_bw) {
   AlternatedSteps out;
-  double prev = bw_before;
+  RoundPairing pairing(bw_before);
   auto record = [&](std::vector<double> v, std::vector<double>& all, std::vector<TimedRound>& rr) {
-    const double after = read_bw();
     all.insert(all.end(), v.begin(), v.end());
-    rr.push_back({std::move(v), 0.5 * (prev + after)});
-    prev = after;
+    rr.push_back(pairing.close(std::move(v), read_bw()));
   };
   for (int32_t r = 0; r < rounds; ++r) {
     const int32_t n = std::min(b.round_steps, b.decode_tokens - r * b.round_steps);
@@ -441,14 +453,12 @@ void add_bench_peer(CLI::App& bench) {
         const int64_t events0 = comp.stats().events;
         std::vector<double> steps;
         std::vector<TimedRound> chunks;
-        double prev_bw = pbw.read(2);
+        RoundPairing pairing(pbw.read(2));
         for (int32_t done = 0; done < n;) {
           const int32_t m = std::min(b->round_steps, n - done);
           std::vector<double> v = kvpack_decode_steps(engine, *cs, done == 0 ? b->warmup_steps : 0, m, r2, &comp);
-          const double after = pbw.read(2);
           steps.insert(steps.end(), v.begin(), v.end());
-          chunks.push_back({std::move(v), 0.5 * (prev_bw + after)});
-          prev_bw = after;
+          chunks.push_back(pairing.close(std::move(v), pbw.read(2)));
           done += m;
         }
         const int64_t events = comp.stats().events - events0;

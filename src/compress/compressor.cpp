@@ -24,30 +24,31 @@ int32_t count_unfrozen(const std::vector<uint8_t>& f, int32_t n_streams) {
 }
 }  // namespace
 
+namespace {
+// The additive fields (counts and times), for add() and subtract_counts() alike (recall.cpp: the same for
+// RecallStats).
+template <class F>
+void for_each_count(CompressionStats& a, const CompressionStats& b, F f) {
+  f(a.events, b.events);
+  f(a.evicted_slots, b.evicted_slots);
+  f(a.freed_pages, b.freed_pages);
+  f(a.evicted_bytes, b.evicted_bytes);
+  f(a.freed_bytes, b.freed_bytes);
+  f(a.seconds, b.seconds);
+  f(a.score_seconds, b.score_seconds);
+  f(a.cold_seconds, b.cold_seconds);
+  f(a.deferred_streams, b.deferred_streams);
+}
+}  // namespace
+
 void CompressionStats::add(const CompressionStats& o) {
-  events += o.events;
-  evicted_slots += o.evicted_slots;
-  freed_pages += o.freed_pages;
-  evicted_bytes += o.evicted_bytes;
-  freed_bytes += o.freed_bytes;
-  seconds += o.seconds;
-  score_seconds += o.score_seconds;
-  cold_seconds += o.cold_seconds;
+  for_each_count(*this, o, [](auto& x, const auto& y) { x += y; });
   max_streams_slots = std::max(max_streams_slots, o.max_streams_slots);
-  deferred_streams += o.deferred_streams;
   recall.add(o.recall);
 }
 
 void CompressionStats::subtract_counts(const CompressionStats& b) {
-  events -= b.events;
-  evicted_slots -= b.evicted_slots;
-  freed_pages -= b.freed_pages;
-  evicted_bytes -= b.evicted_bytes;
-  freed_bytes -= b.freed_bytes;
-  seconds -= b.seconds;
-  score_seconds -= b.score_seconds;
-  cold_seconds -= b.cold_seconds;
-  deferred_streams -= b.deferred_streams;
+  for_each_count(*this, b, [](auto& x, const auto& y) { x -= y; });
   recall.subtract_counts(b.recall);
 }
 

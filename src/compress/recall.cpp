@@ -13,58 +13,46 @@ namespace kvpack::compress {
 namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The additive fields (counts and times): what add() sums and subtract_counts() takes away, in one list so
+// a new counter cannot be added to one and missed by the other.
+template <class F>
+void for_each_count(RecallStats& a, const RecallStats& b, F f) {
+  f(a.checks, b.checks);
+  f(a.pages_bounded, b.pages_bounded);
+  f(a.pages_read, b.pages_read);
+  f(a.pages_recalled, b.pages_recalled);
+  f(a.slots_recalled, b.slots_recalled);
+  f(a.read_misses, b.read_misses);
+  f(a.bytes_read, b.bytes_read);
+  f(a.seconds, b.seconds);
+  f(a.score_seconds, b.score_seconds);
+  f(a.read_seconds, b.read_seconds);
+  f(a.measure_seconds, b.measure_seconds);
+  f(a.settle_seconds, b.settle_seconds);
+  f(a.guard_escalations, b.guard_escalations);
+  f(a.guard_fallbacks, b.guard_fallbacks);
+  f(a.guard_fallbacks_incomplete, b.guard_fallbacks_incomplete);
+  f(a.guard_fallbacks_refused, b.guard_fallbacks_refused);
+  f(a.fallback_pages_lost, b.fallback_pages_lost);
+  f(a.exact_checks, b.exact_checks);
+  f(a.exact_skipped, b.exact_skipped);
+  f(a.exact_flips, b.exact_flips);
+}
 }  // namespace
 
 void RecallStats::add(const RecallStats& o) {
-  checks += o.checks;
-  pages_bounded += o.pages_bounded;
-  pages_read += o.pages_read;
-  pages_recalled += o.pages_recalled;
-  slots_recalled += o.slots_recalled;
-  read_misses += o.read_misses;
-  bytes_read += o.bytes_read;
-  seconds += o.seconds;
-  score_seconds += o.score_seconds;
-  read_seconds += o.read_seconds;
-  measure_seconds += o.measure_seconds;
-  settle_seconds += o.settle_seconds;
+  for_each_count(*this, o, [](auto& x, const auto& y) { x += y; });
   drift_last = o.checks > 0 ? o.drift_last : drift_last;
   drift_max = std::max(drift_max, o.drift_max);
   if (drift_first < 0) drift_first = o.drift_first;
-  guard_escalations += o.guard_escalations;
-  guard_fallbacks += o.guard_fallbacks;
-  guard_fallbacks_incomplete += o.guard_fallbacks_incomplete;
-  guard_fallbacks_refused += o.guard_fallbacks_refused;
-  fallback_pages_lost += o.fallback_pages_lost;
-  exact_checks += o.exact_checks;
-  exact_skipped += o.exact_skipped;
-  exact_flips += o.exact_flips;
   exact_tv_last = o.exact_checks > 0 ? o.exact_tv_last : exact_tv_last;
   exact_tv_max = std::max(exact_tv_max, o.exact_tv_max);
   if (exact_tv_first < 0) exact_tv_first = o.exact_tv_first;
 }
 
 void RecallStats::subtract_counts(const RecallStats& b) {
-  checks -= b.checks;
-  pages_bounded -= b.pages_bounded;
-  pages_read -= b.pages_read;
-  pages_recalled -= b.pages_recalled;
-  slots_recalled -= b.slots_recalled;
-  read_misses -= b.read_misses;
-  bytes_read -= b.bytes_read;
-  seconds -= b.seconds;
-  score_seconds -= b.score_seconds;
-  read_seconds -= b.read_seconds;
-  measure_seconds -= b.measure_seconds;
-  settle_seconds -= b.settle_seconds;
-  guard_escalations -= b.guard_escalations;
-  guard_fallbacks -= b.guard_fallbacks;
-  guard_fallbacks_incomplete -= b.guard_fallbacks_incomplete;
-  guard_fallbacks_refused -= b.guard_fallbacks_refused;
-  fallback_pages_lost -= b.fallback_pages_lost;
-  exact_checks -= b.exact_checks;
-  exact_skipped -= b.exact_skipped;
-  exact_flips -= b.exact_flips;
+  for_each_count(*this, b, [](auto& x, const auto& y) { x -= y; });
 }
 
 bool RecallStats::add_exact_check(const float* compressed, const float* full, int32_t n_vocab) {

@@ -176,8 +176,8 @@ class Scheduler {
   void finish(Sequence* s, FinishReason reason, const std::string& error = {});
   void remove_running(Sequence* s);
   // Pages `s` will hold at most. windowed = false: as if sliding-window layers kept every page (the
-  // length page tables are sized for, so the decode path never grows them).
-  // Pages the sequence will hold at its peak; `uncompressed`: as if it did not compress (a guard's fallback).
+  // length page tables are sized for, so the decode path never grows them); uncompressed = true: as if it
+  // did not compress (what a drift guard's fallback would need).
   int64_t projected_pages(const Sequence& s, bool windowed = true, bool uncompressed = false) const;
   void allow_fallback_if_full_kv_fits(Sequence& s) const;
   // Sliding-window models: releases the pages of `s`'s local layers that no later query can see.

@@ -19,7 +19,7 @@ namespace kvpack {
 ThreadPool::ThreadPool(int n_threads, Order order)
     : n_threads_(n_threads < 1 ? 1 : n_threads),
       order_(order),
-      cursors_(std::make_unique<Cursor[]>(order == Order::Partitioned ? static_cast<size_t>(n_threads_) : 1)) {
+      cursors_(std::make_unique<Cursor[]>(static_cast<size_t>(ranges()))) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -34,7 +34,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::drain(uint64_t gen, int n_tasks, TaskRef* fn, int thread_index) {
-  const int ranges = order_ == Order::Partitioned ? n_threads_ : 1;
+  const int ranges = this->ranges();
   const uint64_t tag = gen & 0xffffffffu;
   int ran = 0;
   // Own range first, then the others' remainders in turn.
@@ -74,7 +74,7 @@ void ThreadPool::run_impl(int n_tasks, TaskRef fn) {
     n_tasks_ = n_tasks;
     completed_.store(0, std::memory_order_relaxed);
     gen = generation_.fetch_add(1, std::memory_order_acq_rel) + 1;
-    const int ranges = order_ == Order::Partitioned ? n_threads_ : 1;
+    const int ranges = this->ranges();
     for (int p = 0; p < ranges; ++p)
       cursors_[static_cast<size_t>(p)].claim.store(
           ((gen & 0xffffffffu) << 32) | static_cast<uint64_t>(split_range(n_tasks, ranges, p).first),

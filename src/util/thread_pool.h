@@ -57,6 +57,7 @@ class ThreadPool {
   void run_impl(int n_tasks, TaskRef fn);
   void worker_loop(int thread_index);
   void drain(uint64_t gen, int n_tasks, TaskRef* fn, int thread_index);
+  int ranges() const { return order_ == Order::Partitioned ? n_threads_ : 1; }  // cursors_ entries
 
   // Claims of range p: (generation << 32) | next task; on its own cache line so the threads do not
   // contend on one counter while each walks its own range.
@@ -66,7 +67,7 @@ class ThreadPool {
 
   int n_threads_;
   Order order_;
-  std::unique_ptr<Cursor[]> cursors_;  // one per range: n_threads_ (Partitioned) or 1 (Interleaved)
+  std::unique_ptr<Cursor[]> cursors_;  // one per range (ranges())
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
