@@ -134,7 +134,12 @@ TEST(KvTypes, CompressedGenerationWorksWithBf16AndQ8_0) {
       g.max_tokens = 240;
       GenerateStats st;
       s->generate("Once upon a time", g, {}, &st);
-      EXPECT_EQ(st.generated_tokens, 240);
+      // All 240 tokens, or the model's own end of text after the budget has been crossed several times
+      // (the greedy text depends on the KV type's rounding: q8_0 with VNNI quantises the queries too).
+      if (st.stop_reason == "eos")
+        EXPECT_GT(st.generated_tokens, 3 * 64);
+      else
+        EXPECT_EQ(st.generated_tokens, 240);
       EXPECT_GT(st.compactions, 0);
       EXPECT_GT(st.freed_pages, 0);
       EXPECT_GT(st.reclaim_efficiency, 0.9);

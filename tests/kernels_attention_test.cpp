@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu_features.h"
 #include "util/half.h"
 
 namespace kvpack::kernels {
@@ -227,6 +228,23 @@ std::vector<float> random_q(const Config& c, int64_t q_stride, float sigma, std:
   return q;
 }
 
+// The query rows the kernel scores with, in the reference's terms: q itself, or, on a path that quantises
+// the queries for this KV type (AVX-512 VNNI with Q8_0 keys, attention_quantises_queries), the quantised
+// q * scale (attention_quantise_query_row, the path's spec) divided back by the scale. isa nullptr: the
+// default path's.
+std::vector<float> kernel_q(const char* isa, const Config& c, const std::vector<float>& q, int64_t q_stride) {
+  if (!attention_quantises_queries(isa != nullptr ? isa : attention_isa(), c.type)) return q;
+  std::vector<float> out = q, x(static_cast<size_t>(c.hd)), y(static_cast<size_t>(c.hd));
+  for (int32_t t = 0; t < c.n_new; ++t)
+    for (int32_t g = 0; g < c.group; ++g) {
+      float* row = out.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+      for (int32_t d = 0; d < c.hd; ++d) x[d] = row[d] * c.scale;  // f32, as the kernel scales its copy
+      attention_quantise_query_row(x.data(), c.hd, y.data());
+      for (int32_t d = 0; d < c.hd; ++d) row[d] = y[d] / c.scale;
+    }
+  return out;
+}
+
 // Max |out - ref|; fails if any output is not finite.
 double max_err(const std::vector<float>& out, const std::vector<double>& ref) {
   double e = 0;
@@ -290,7 +308,9 @@ double elem_bound(DType type, const float* row, int32_t hd, int32_t d) {
 // Checks the stored rounding of every element against its type's bound and the kernel output against a
 // reference on the ORIGINAL values, within the bound derived from the measured score / V perturbations.
 // Returns (out error vs original) / bound (<= 1).
-double check_rounding(const Stream& st, const std::vector<float>& q, int64_t q_stride, const std::vector<float>& out) {
+// q_eff: the rows the kernel scored with (kernel_q); its quantisation, if any, counts in the score change.
+double check_rounding(const Stream& st, const std::vector<float>& q, const std::vector<float>& q_eff, int64_t q_stride,
+                      const std::vector<float>& out) {
   const Config& c = st.config();
   double eps_v = 0, delta = 0;
   for (int32_t s = 0; s < c.n_slots; ++s)
@@ -305,7 +325,8 @@ double check_rounding(const Stream& st, const std::vector<float>& q, int64_t q_s
       for (int32_t s = 0; s < c.n_slots; ++s) {
         double ds = 0;
         const float* qv = q.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
-        for (int32_t d = 0; d < c.hd; ++d) ds += static_cast<double>(qv[d]) * (double{st.k(s)[d]} - st.k0(s)[d]);
+        const float* qe = q_eff.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+        for (int32_t d = 0; d < c.hd; ++d) ds += double{qe[d]} * st.k(s)[d] - static_cast<double>(qv[d]) * st.k0(s)[d];
         delta = std::max(delta, std::fabs(ds * c.scale));
       }
   std::vector<double> ref0;
@@ -338,14 +359,15 @@ TEST_P(AttentionIsa, MatchesNaiveReference) {
             st.fill_random(rng);
             const int64_t q_stride = static_cast<int64_t>(c.group) * c.hd + (rng() % 2) * 5;
             const auto q = random_q(c, q_stride, 4.0f, rng);  // scores ~ N(0, 2.3^2)
+            const auto qk = kernel_q(GetParam(), c, q, q_stride);
             std::vector<double> ref;
-            reference(st, q, q_stride, ref, nullptr);
+            reference(st, qk, q_stride, ref, nullptr);
             const auto out = run_kernel(GetParam(), st, q, q_stride, nullptr);
             const double err = max_err(out, ref);
             ASSERT_LE(err, kOutTol);
             worst = std::max(worst, err);
             if (type == DType::BF16 || type == DType::Q8_0) {
-              worst_rounding = std::max(worst_rounding, check_rounding(st, q, q_stride, out));
+              worst_rounding = std::max(worst_rounding, check_rounding(st, q, qk, q_stride, out));
               if (::testing::Test::HasFailure()) return;
             }
             ++cases;
@@ -373,7 +395,7 @@ TEST_P(AttentionIsa, LongDecodeMatchesReference) {
         st.fill_random(rng);
         const auto q = random_q(c, c.group * c.hd, 4.0f, rng);
         std::vector<double> ref;
-        reference(st, q, c.group * c.hd, ref, nullptr);
+        reference(st, kernel_q(GetParam(), c, q, c.group * c.hd), c.group * c.hd, ref, nullptr);
         const double err = max_err(run_kernel(GetParam(), st, q, c.group * c.hd, nullptr), ref);
         ASSERT_LE(err, kOutTol);
         worst = std::max(worst, err);
@@ -407,7 +429,7 @@ TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
     for (auto& m : mass) m = static_cast<float>(rng() % 4);
     std::vector<double> ref_mass(mass.begin(), mass.end());
     std::vector<double> ref;
-    reference(st, q, q_stride, ref, &ref_mass);
+    reference(st, kernel_q(GetParam(), c, q, q_stride), q_stride, ref, &ref_mass);
     const auto out = run_kernel(GetParam(), st, q, q_stride, mass.data());
     ASSERT_LE(max_err(out, ref), kOutTol);
     // The output must not depend on whether key_mass was requested.
@@ -436,10 +458,11 @@ TEST_P(AttentionIsa, LogSumExpMatchesReference) {
     const auto out_plain = run_kernel(GetParam(), st, q, q_stride, nullptr);
     ASSERT_EQ(0, std::memcmp(out.data(), out_plain.data(), out.size() * sizeof(float)));
     EXPECT_TRUE(std::isnan(lse.back())) << "written past n_new * group";
+    const auto qk = kernel_q(GetParam(), c, q, q_stride);
     for (int32_t t = 0; t < c.n_new; ++t)
       for (int32_t g = 0; g < c.group; ++g) {
         const int32_t limit = c.n_slots - c.n_new + t + 1;
-        const float* qv = q.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
+        const float* qv = qk.data() + t * q_stride + static_cast<int64_t>(g) * c.hd;
         std::vector<double> sc(static_cast<size_t>(limit));
         double mx = -std::numeric_limits<double>::infinity();
         for (int32_t j = 0; j < limit; ++j) {
@@ -529,7 +552,7 @@ TEST_P(AttentionIsa, CausalSlotsBeyondLimitAreNeverUsed) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, AttentionIsa, ::testing::Values("scalar", "avx2", "avx512"),
+INSTANTIATE_TEST_SUITE_P(Paths, AttentionIsa, ::testing::Values("scalar", "avx2", "avx512", "avx512_novnni"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(Attention, PathsAgreeAndDefaultPathWorks) {
@@ -558,13 +581,15 @@ TEST(Attention, PathsAgreeAndDefaultPathWorks) {
   EXPECT_THROW(run_kernel("sse9", st, q, c.group * c.hd, nullptr), std::invalid_argument);
 }
 
-// Q8_0 pages give every path the same bits as F32 pages holding their dequantised values (d * q): AVX-512
-// reads Q8_0 in registers, the other paths through a dequantised scratch tile, and either way the kernel
-// must compute on exactly d * q. Decode and prefill shapes, GQA groups 1 / 2 / 8, key mass and lse too.
+// Q8_0 pages give every path that scores the f32 query the same bits as F32 pages holding their dequantised
+// values (d * q): AVX-512 without VNNI reads Q8_0 in registers, the other paths through a dequantised scratch
+// tile, and either way the kernel must compute on exactly d * q. Decode and prefill shapes, GQA groups
+// 1 / 2 / 8, key mass and lse too. (AVX-512 with VNNI quantises the queries: MatchesNaiveReference checks it
+// against the reference on its quantised queries, and against the original values within the bound.)
 TEST(Attention, Q8_0PagesGiveTheBitsOfTheirDequantisedF32Pages) {
   std::mt19937 rng(11);
-  for (const char* isa : {"scalar", "avx2", "avx512"}) {
-    if (!attention_isa_available(isa)) continue;
+  for (const char* isa : {"scalar", "avx2", "avx512", "avx512_novnni"}) {
+    if (!attention_isa_available(isa) || attention_quantises_queries(isa, DType::Q8_0)) continue;
     for (const int32_t group : {1, 2, 8})
       for (const int32_t n_new : {1, 7}) {
         Config c;
@@ -593,6 +618,44 @@ TEST(Attention, Q8_0PagesGiveTheBitsOfTheirDequantisedF32Pages) {
         EXPECT_EQ(std::memcmp(lse_q8.data(), lse_f32.data(), lse_q8.size() * sizeof(float)), 0) << what;
       }
   }
+}
+
+// The query quantisation's spec (attention_quantise_query_row): per 32 elements d = amax / 127 and
+// q = nearbyint(x / d), ties to even; an all-zero block stays zero; every element within d / 2 of x.
+TEST(Attention, QueryQuantisationFollowsItsSpec) {
+  std::vector<float> x(64, 0.0f), y(64, -1.0f);
+  x[0] = 127.0f;  // d = 1 in the first block
+  x[1] = 2.5f;    // ties to even: 2
+  x[2] = -3.5f;   // ties to even: -4
+  x[3] = 0.49f;
+  attention_quantise_query_row(x.data(), 64, y.data());
+  EXPECT_EQ(y[0], 127.0f);
+  EXPECT_EQ(y[1], 2.0f);
+  EXPECT_EQ(y[2], -4.0f);
+  EXPECT_EQ(y[3], 0.0f);
+  for (int i = 32; i < 64; ++i) EXPECT_EQ(y[i], 0.0f) << i;  // zero block: d = 0, no NaN
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> r(256), z(256);
+  for (auto& v : r) v = nd(rng);
+  attention_quantise_query_row(r.data(), 256, z.data());
+  for (int b = 0; b < 256; b += 32) {
+    float amax = 0;
+    for (int i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(r[i]));
+    for (int i = b; i < b + 32; ++i) EXPECT_LE(std::fabs(z[i] - r[i]), amax / 127.0f * (0.5f + 1e-5f)) << i;
+  }
+}
+
+// Which paths quantise the queries: only avx512 with Q8_0 keys, and only where the CPU has VNNI.
+TEST(Attention, OnlyTheVnniPathQuantisesQueries) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16})
+    for (const char* isa : {"scalar", "avx2", "avx512", "avx512_novnni"}) EXPECT_FALSE(attention_quantises_queries(isa, t));
+  EXPECT_FALSE(attention_quantises_queries("scalar", DType::Q8_0));
+  EXPECT_FALSE(attention_quantises_queries("avx2", DType::Q8_0));
+  EXPECT_FALSE(attention_quantises_queries("avx512_novnni", DType::Q8_0));
+  EXPECT_FALSE(attention_quantises_queries(nullptr, DType::Q8_0));
+  EXPECT_EQ(attention_quantises_queries("avx512", DType::Q8_0),
+            attention_isa_available("avx512") && cpu_has(CpuFeature::Avx512Vnni));
 }
 
 // The forward pass sizes one scratch buffer per thread for its largest token block and page size.

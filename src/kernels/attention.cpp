@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "kernels/attention_impl.h"
 #include "kernels/cpu_features.h"
@@ -35,7 +36,12 @@ const Path* find_path(Isa isa) {
   return cpu_supports(isa, kAttentionIsa) ? &kPaths[static_cast<int>(isa)] : nullptr;
 }
 
+// "avx512_novnni": the avx512 path without its VNNI QK of Q8_0 keys (the Q8_0 bit-identity tests on a CPU
+// that has VNNI); not a choice of KVPACK_ISA.
 const Path* find_path(const char* name) {
+  static const Path kNoVnni{"avx512_novnni", attn_detail::paged_attention_avx512_novnni};
+  if (name != nullptr && std::string_view(name) == kNoVnni.name)
+    return cpu_supports(Isa::Avx512, kAttentionIsa) ? &kNoVnni : nullptr;
   Isa isa;
   return parse_isa(name, &isa) ? find_path(isa) : nullptr;
 }
@@ -219,6 +225,21 @@ void paged_attention(const KvStreamView& kv, const AttentionArgs& args) {
 }
 
 const char* attention_isa() { return chosen_path().name; }
+
+bool attention_quantises_queries(const char* isa, DType kv_type) {
+  return kv_type == DType::Q8_0 && isa != nullptr && std::string_view(isa) == "avx512" &&
+         attention_isa_available(isa) && cpu_has(CpuFeature::Avx512Vnni);
+}
+
+void attention_quantise_query_row(const float* x, int32_t n, float* out) {
+  for (int32_t b = 0; b + 32 <= n; b += 32) {
+    float amax = 0.0f;
+    for (int32_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int32_t i = b; i < b + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
+  }
+}
 
 bool attention_isa_available(const char* isa) { return find_path(isa) != nullptr; }
 

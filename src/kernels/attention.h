@@ -105,8 +105,19 @@ void paged_attention(const KvStreamView& kv, const AttentionArgs& args);
 // cannot run it).
 // Invalid arguments (unsupported kv_type, n_new > n_slots, null pointers, ...) throw std::invalid_argument.
 const char* attention_isa();
-// True if `isa` names a path ("scalar", "avx2", "avx512") that this CPU can run.
+// True if `isa` names a path ("scalar", "avx2", "avx512", or "avx512_novnni": avx512 without its VNNI QK,
+// for tests) that this CPU can run.
 bool attention_isa_available(const char* isa);
+// Q8_0 keys on a CPU with AVX-512 VNNI: the avx512 path quantises each query row (times `scale`) per 32
+// elements and takes the scores as exact int8 dot products times d_k * d_q, as llama.cpp's CPU path does for
+// a q8_0 K cache. The other paths (and F32 / F16 / BF16 keys) score the f32 query. True if `isa` does that
+// for `kv_type` on this CPU.
+bool attention_quantises_queries(const char* isa, DType kv_type);
+// The query quantisation of that path, on n (a multiple of 32) floats already times the scale, written back
+// as the values it stands for: per 32 elements d = amax / 127 (f32), q = nearbyint(x * (1 / d)) (round to
+// nearest even; 0 where d == 0), out = d * q. The kernel's scores are those of these values up to f32
+// rounding (tests/kernels_attention_test.cpp checks it against the double reference).
+void attention_quantise_query_row(const float* x, int32_t n, float* out);
 // paged_attention() on an explicitly chosen path (tests, benchmarks); throws std::invalid_argument if the
 // path is unknown or not available on this CPU.
 void paged_attention_on(const char* isa, const KvStreamView& kv, const AttentionArgs& args);

@@ -15,6 +15,8 @@
 //   (head_dim / 32 ggml blocks: f16 scale + 32 int8) are too on AVX-512 (Kern::kDirectQ8); the other
 //   paths dequantise them once per page and tile into the `conv` scratch tile (page_size x head_dim f32)
 //   by Kern::dequant_q8 and run the F32 kernels: the same products d * q either way, so the same bits.
+//   Where AVX-512 VNNI is present, QK of Q8_0 keys quantises the query rows too (int8 dot products; the
+//   spec is attention_quantise_query_row in attention.h), so there the scores are those of quantised queries.
 //   Software prefetch four pages ahead along the page table, into L2 (see prefetch_block), of the pages that
 //   do not continue their stream in address order (kv_page_needs_prefetch: the hardware streams those).
 //
@@ -33,7 +35,8 @@ namespace kvpack::kernels::attn_detail {
 // Per-ISA entry points (arguments already validated by paged_attention / paged_attention_on).
 void paged_attention_scalar(const KvStreamView& kv, const AttentionArgs& args);
 void paged_attention_avx2(const KvStreamView& kv, const AttentionArgs& args);
-void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args);
+void paged_attention_avx512(const KvStreamView& kv, const AttentionArgs& args);  // + VNNI QK where present
+void paged_attention_avx512_novnni(const KvStreamView& kv, const AttentionArgs& args);  // never VNNI (tests)
 
 namespace {
 
@@ -66,7 +69,8 @@ struct Layout {
   float* m = nullptr;       // [rows]       running max
   float* l = nullptr;       // [rows]       running sum
   float* alpha = nullptr;   // [rows]       rescale factor of the current page
-  float* conv = nullptr;    // [page_size][hdp]  page block converted to f32 (Q8_0; F16/BF16 on the scalar path)
+  float* conv = nullptr;    // [max(page_size, rows)][hdp]  page block converted to f32 (Q8_0; F16/BF16 on the scalar
+                            // path), or the tile's quantised query rows (AVX-512 VNNI, Q8_0 keys)
 };
 
 constexpr size_t scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size) {
@@ -76,7 +80,9 @@ constexpr size_t scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, 
   const size_t rows = static_cast<size_t>(n_rows < imax(kTileRows, group) ? n_rows : imax(kTileRows, group));
   const size_t hdp = round_up(head_dim, kPad), psp = round_up(page_size, kPad),
                rp = round_up(static_cast<int32_t>(rows), kPad);
-  return kPad /*alignment slack*/ + 2 * rows * hdp + rows * psp + 3 * rp + static_cast<size_t>(page_size) * hdp;
+  // conv: a page of f32 rows, or (AVX-512 VNNI, Q8_0 keys) the tile's quantised query rows, < hdp floats each.
+  const size_t conv_rows = rows > static_cast<size_t>(page_size) ? rows : static_cast<size_t>(page_size);
+  return kPad /*alignment slack*/ + 2 * rows * hdp + rows * psp + 3 * rp + conv_rows * hdp;
 }
 
 inline Layout make_layout(float* scratch, int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size) {
@@ -154,6 +160,9 @@ void run(const KvStreamView& kv, const AttentionArgs& a) {
       L.m[r] = -__builtin_inff();
       L.l[r] = 0.0f;
     }
+    // A Kern that quantises the queries for Q8_0 keys (AVX-512 VNNI) does it once per tile, for every page.
+    if constexpr (requires { Kern::kQuantisesQ8Queries; })
+      if (Kern::kQuantisesQ8Queries && kind == kElemQ8) Kern::prepare_q8(L.qs, hdp, R, hd, L.conv);
     const int32_t first_limit = base + t0 + 1;  // slots visible to the tile's first token
     const int32_t last_limit = base + t1;       // ... and to its last token
     const int32_t n_pages = (last_limit + ps - 1) / ps;
