@@ -201,6 +201,42 @@ void qk_t(const uint8_t* K, int32_t n, int32_t hd, const float* qs, int32_t hdp,
   }
 }
 
+// The accumulator vectors [v0, v0 + DB) of RB rows (stride hdp), rescaled by the step's alpha; and back.
+template <int RB, int DB>
+__attribute__((always_inline)) inline void load_acc(__m512 (&a)[RB][DB], const float* acc, int32_t hdp, int32_t v0,
+                                                    const float* alpha) {
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i) {
+    const __m512 al = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b)
+      a[i][b] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b)), al);
+  }
+}
+
+template <int RB, int DB>
+__attribute__((always_inline)) inline void store_acc(const __m512 (&a)[RB][DB], float* acc, int32_t hdp, int32_t v0) {
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b), a[i][b]);
+}
+
+// Causal limits of RB rows from r0 in a page of n slots: each row's visible slots, the slots every row sees
+// (jfull) and those any row sees (jmax).
+template <int RB>
+struct RowLimits {
+  int32_t nv[RB];
+  int32_t jfull, jmax;
+  RowLimits(int32_t rel0, int32_t r0, int32_t G, int32_t n) : jfull(n), jmax(0) {
+    for (int i = 0; i < RB; ++i) {
+      nv[i] = row_valid(rel0, r0 + i, G, n);
+      jfull = imin(jfull, nv[i]);
+      jmax = imax(jmax, nv[i]);
+    }
+  }
+};
+
 // acc[i][v0 .. v0+DB vectors] = acc * alpha[i] + sum_{j < nv[i]} p[i][j] * V[j][...] for RB rows.
 template <int KT, int RB, int DB>
 inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __mmask16 tail, const int32_t* nv,
@@ -210,13 +246,7 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
 #pragma GCC unroll 4
   for (int b = 0; b < DB; ++b) mk[b] = (tail && v0 + b == nvec - 1) ? tail : static_cast<__mmask16>(0xFFFF);
   __m512 a[RB][DB];
-#pragma GCC unroll 8
-  for (int i = 0; i < RB; ++i) {
-    const __m512 al = _mm512_set1_ps(alpha[i]);
-#pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b)
-      a[i][b] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b)), al);
-  }
+  load_acc<RB, DB>(a, acc, hdp, v0, alpha);
   int32_t j = 0;
   for (; j < jfull; ++j) {  // slots visible to every row of the block
     __m512 vv[DB];
@@ -241,22 +271,15 @@ inline void pv_block(const uint8_t* V, int32_t hd, int32_t v0, int32_t nvec, __m
       for (int b = 0; b < DB; ++b) a[i][b] = _mm512_fmadd_ps(pb, vv[b], a[i][b]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < RB; ++i)
-#pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b), a[i][b]);
+  store_acc<RB, DB>(a, acc, hdp, v0);
 }
 
 template <int KT, int RB, int DB>
 void pv_rows(const uint8_t* V, int32_t n, int32_t hd, int32_t r0, int32_t G, int32_t rel0, const float* p, int32_t psp,
              const float* alpha, float* acc, int32_t hdp) {
-  int32_t nv[RB];
-  int32_t jfull = n, jmax = 0;
-  for (int i = 0; i < RB; ++i) {
-    nv[i] = row_valid(rel0, r0 + i, G, n);
-    jfull = imin(jfull, nv[i]);
-    jmax = imax(jmax, nv[i]);
-  }
+  const RowLimits<RB> lim(rel0, r0, G, n);
+  const int32_t* nv = lim.nv;
+  const int32_t jfull = lim.jfull, jmax = lim.jmax;
   const int32_t nvec = (hd + 15) / 16;
   const __mmask16 tail = static_cast<__mmask16>(hd % 16 ? lanes(hd % 16) : 0);
   p += static_cast<size_t>(r0) * psp;
@@ -428,13 +451,7 @@ inline void pv_q8_block(const uint8_t* V, const Q8Scratch& z, int32_t v0, const 
                         int32_t jmax, const float* p, int32_t psp, const float* alpha, float* acc, int32_t hdp) {
   static_assert(DB % 2 == 0, "whole Q8_0 blocks");
   __m512 a[RB][DB];
-#pragma GCC unroll 8
-  for (int i = 0; i < RB; ++i) {
-    const __m512 al = _mm512_set1_ps(alpha[i]);
-#pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b)
-      a[i][b] = _mm512_mul_ps(_mm512_loadu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b)), al);
-  }
+  load_acc<RB, DB>(a, acc, hdp, v0, alpha);
   for (int32_t j = 0; j < jmax; ++j) {
     const uint8_t* row = V + (static_cast<size_t>(j) * z.nb + v0 / 2) * 34;
     __m512 dv[DB / 2], vv[DB];
@@ -459,22 +476,15 @@ inline void pv_q8_block(const uint8_t* V, const Q8Scratch& z, int32_t v0, const 
       }
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < RB; ++i)
-#pragma GCC unroll 4
-    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + static_cast<size_t>(i) * hdp + 16 * (v0 + b), a[i][b]);
+  store_acc<RB, DB>(a, acc, hdp, v0);
 }
 
 template <int RB, int DB>
 void pv_q8_rows(const uint8_t* V, int32_t n, const Q8Scratch& z, int32_t r0, int32_t G, int32_t rel0, const float* p,
                 int32_t psp, const float* alpha, float* acc, int32_t hdp) {
-  int32_t nv[RB];
-  int32_t jfull = n, jmax = 0;
-  for (int i = 0; i < RB; ++i) {
-    nv[i] = row_valid(rel0, r0 + i, G, n);
-    jfull = imin(jfull, nv[i]);
-    jmax = imax(jmax, nv[i]);
-  }
+  const RowLimits<RB> lim(rel0, r0, G, n);
+  const int32_t* nv = lim.nv;
+  const int32_t jfull = lim.jfull, jmax = lim.jmax;
   const int32_t nvec = z.hd / 16;
   p += static_cast<size_t>(r0) * psp;
   alpha += r0;
