@@ -432,8 +432,9 @@ TEST_P(AttentionIsa, KeyMassMatchesReferenceAndAccumulates) {
     reference(st, kernel_q(GetParam(), c, q, q_stride), q_stride, ref, &ref_mass);
     const auto out = run_kernel(GetParam(), st, q, q_stride, mass.data());
     ASSERT_LE(max_err(out, ref), kOutTol);
-    // The output must not depend on whether key_mass was requested.
+    // The output must not depend on whether key_mass was requested (streams this short are one part).
     const auto out_plain = run_kernel(GetParam(), st, q, q_stride, nullptr);
+    ASSERT_EQ(kernels::attention_parts(st.view(), AttentionArgs{}), 1);
     ASSERT_EQ(0, std::memcmp(out.data(), out_plain.data(), out.size() * sizeof(float)));
     double total = 0;
     for (int32_t s = 0; s < c.n_slots; ++s) {
@@ -618,6 +619,58 @@ TEST(Attention, Q8_0PagesGiveTheBitsOfTheirDequantisedF32Pages) {
         EXPECT_EQ(std::memcmp(lse_q8.data(), lse_f32.data(), lse_q8.size() * sizeof(float)), 0) << what;
       }
   }
+}
+
+// Decode at depth in parts (split-K): paged_attention folds the stream's parts itself; a caller that runs
+// each part as its own task (paged_attention_part) and folds them in order with attention_merge gets the same
+// bits, output and log-sum-exp — so splitting by the thread count changes nothing. Against the double
+// reference too, up to kAttentionMaxParts parts.
+TEST(Attention, DecodeInPartsEqualsThePartsFoldedByTheCaller) {
+  std::mt19937 rng(2468);
+  for (DType type : {DType::F16, DType::Q8_0})
+    for (int32_t n_slots : {1000, 1100, 2049, 5000, 9000})
+      for (int32_t group : {1, 2, 8}) {
+        Config c;
+        c.hd = 128;
+        c.ps = n_slots == 5000 ? 32 : 16;
+        c.group = group;
+        c.type = type;
+        c.n_slots = n_slots;
+        c.n_new = 1;
+        c.scale = 1.0f / std::sqrt(128.0f);
+        SCOPED_TRACE(describe(c));
+        Stream st(c, rng);
+        st.fill_random(rng);
+        const auto q = random_q(c, c.group * c.hd, 4.0f, rng);
+        std::vector<float> lse(static_cast<size_t>(group));
+        const auto out = run_kernel(nullptr, st, q, c.group * c.hd, nullptr, 0, lse.data());
+        AttentionArgs a;
+        a.q = q.data();
+        a.q_stride = c.group * c.hd;
+        std::vector<float> sink(static_cast<size_t>(group) * c.hd);
+        a.out = sink.data();
+        a.group = group;
+        a.scale = c.scale;
+        std::vector<float> scratch(attention_scratch_floats(1, group, c.hd, c.ps));
+        a.scratch = scratch.data();
+        const int32_t P = attention_parts(st.view(), a);
+        EXPECT_EQ(P, std::clamp(n_slots / kAttentionPartSlots, 1, kAttentionMaxParts));
+        std::vector<float> folded(static_cast<size_t>(group) * c.hd), part(folded.size()), run_lse(lse.size()), part_lse(lse.size());
+        for (int32_t p = 0; p < P; ++p) {
+          if (p == 0) {
+            paged_attention_part(st.view(), a, 0, folded.data(), run_lse.data());
+          } else {
+            paged_attention_part(st.view(), a, p, part.data(), part_lse.data());
+            attention_merge(folded.data(), run_lse.data(), part.data(), part_lse.data(), group, c.hd);
+          }
+        }
+        EXPECT_EQ(std::memcmp(out.data(), folded.data(), out.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(lse.data(), run_lse.data(), lse.size() * sizeof(float)), 0);
+        EXPECT_THROW(paged_attention_part(st.view(), a, P, part.data(), part_lse.data()), std::invalid_argument);
+        std::vector<double> ref;
+        reference(st, kernel_q(nullptr, c, q, c.group * c.hd), c.group * c.hd, ref, nullptr);
+        EXPECT_LE(max_err(out, ref), kOutTol);
+      }
 }
 
 // The query quantisation's spec (attention_quantise_query_row): per 32 elements d = amax / 127 and

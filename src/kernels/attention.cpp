@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -214,14 +215,99 @@ DType parse_kv_type(std::string_view name) {
   throw std::invalid_argument("unknown KV type '" + std::string(name) + "' (expected f32, f16, bf16 or q8_0)");
 }
 
+// paged_attention's own floats at the front of the scratch when it folds parts: a part's output rows and
+// log-sum-exps and the running log-sum-exps, rounded up to a whole 64-byte line.
+size_t parts_scratch_floats(int32_t group, int32_t head_dim) {
+  const size_t n = static_cast<size_t>(group) * (static_cast<size_t>(head_dim) + 2);
+  return (n + 15) / 16 * 16;
+}
+
 size_t attention_scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, int32_t page_size) {
-  return attn_detail::scratch_floats(n_new, group < 1 ? 1 : group, head_dim, page_size);
+  group = group < 1 ? 1 : group;
+  return parts_scratch_floats(group, head_dim) + attn_detail::scratch_floats(n_new, group, head_dim, page_size);
+}
+
+int32_t attention_parts(const KvStreamView& kv, const AttentionArgs& a) {
+  if (a.n_new != 1 || a.key_mass != nullptr || kv.page_size <= 0) return 1;
+  const int32_t n_pages = (kv.n_slots + kv.page_size - 1) / kv.page_size;
+  return std::clamp(std::min(kv.n_slots / kAttentionPartSlots, n_pages), 1, kAttentionMaxParts);
+}
+
+namespace {
+
+// Part `part` of P: pages [part * n_pages / P, (part + 1) * n_pages / P), as a stream of its own (one query
+// token sees all of it; the newest slot is in the last part).
+KvStreamView part_view(const KvStreamView& kv, int32_t P, int32_t part) {
+  const int32_t n_pages = (kv.n_slots + kv.page_size - 1) / kv.page_size;
+  const int32_t pg0 = static_cast<int32_t>(static_cast<int64_t>(part) * n_pages / P);
+  const int32_t pg1 = static_cast<int32_t>(static_cast<int64_t>(part + 1) * n_pages / P);
+  KvStreamView v = kv;
+  v.pages = kv.pages + pg0;
+  v.n_slots = std::min(kv.n_slots, pg1 * kv.page_size) - pg0 * kv.page_size;
+  return v;
+}
+
+void run_part(const Path& path, const KvStreamView& kv, const AttentionArgs& a, int32_t P, int32_t part, float* out,
+              float* lse) {
+  AttentionArgs pa = a;
+  pa.out = out;
+  pa.out_stride = static_cast<int64_t>(a.group) * kv.head_dim;
+  pa.lse = lse;
+  pa.scratch = a.scratch + parts_scratch_floats(a.group, kv.head_dim);
+  path.fn(part_view(kv, P, part), pa);
+}
+
+void run_path(const Path& path, const KvStreamView& kv, const AttentionArgs& a) {
+  const int32_t P = attention_parts(kv, a);
+  if (P == 1) {
+    AttentionArgs pa = a;
+    pa.scratch = a.scratch + parts_scratch_floats(a.group, kv.head_dim);
+    path.fn(kv, pa);
+    return;
+  }
+  const int32_t G = a.group, HD = kv.head_dim;
+  float* part_out = a.scratch;
+  float* part_lse = part_out + static_cast<size_t>(G) * HD;
+  float* run_lse = part_lse + G;
+  // n_new == 1: the output rows are out + g * head_dim whatever out_stride says.
+  run_part(path, kv, a, P, 0, part_out, run_lse);
+  std::copy_n(part_out, static_cast<size_t>(G) * HD, a.out);
+  for (int32_t p = 1; p < P; ++p) {
+    run_part(path, kv, a, P, p, part_out, part_lse);
+    attention_merge(a.out, run_lse, part_out, part_lse, G, HD);
+  }
+  if (a.lse != nullptr) std::copy_n(run_lse, G, a.lse);
+}
+
+}  // namespace
+
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int32_t group,
+                     int32_t head_dim) {
+  // Two normalised partial outputs with log-sum-exps la, lb: weights e^la, e^lb over their sum.
+  for (int32_t g = 0; g < group; ++g) {
+    const float la = lse[g], lb = part_lse[g];
+    const float m = std::max(la, lb);
+    if (m == -std::numeric_limits<float>::infinity()) continue;  // neither part saw a finite score
+    const float wa = std::exp(la - m), wb = std::exp(lb - m);
+    const float inv = 1.0f / (wa + wb);
+    float* o = out + static_cast<size_t>(g) * head_dim;
+    const float* p = part_out + static_cast<size_t>(g) * head_dim;
+    for (int32_t d = 0; d < head_dim; ++d) o[d] = (o[d] * wa + p[d] * wb) * inv;
+    lse[g] = m + std::log(wa + wb);
+  }
+}
+
+void paged_attention_part(const KvStreamView& kv, const AttentionArgs& args, int32_t part, float* out, float* lse) {
+  validate(kv, args);
+  const int32_t P = attention_parts(kv, args);
+  if (part < 0 || part >= P) fail("part out of range");
+  run_part(chosen_path(), kv, args, P, part, out, lse);
 }
 
 void paged_attention(const KvStreamView& kv, const AttentionArgs& args) {
   validate(kv, args);
   if (args.n_new == 0) return;
-  chosen_path().fn(kv, args);
+  run_path(chosen_path(), kv, args);
 }
 
 const char* attention_isa() { return chosen_path().name; }
@@ -250,7 +336,7 @@ void paged_attention_on(const char* isa, const KvStreamView& kv, const Attention
                                 "' is unknown or not available on this CPU");
   validate(kv, args);
   if (args.n_new == 0) return;
-  path->fn(kv, args);
+  run_path(*path, kv, args);
 }
 
 }  // namespace kvpack::kernels

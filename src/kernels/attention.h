@@ -99,6 +99,28 @@ size_t attention_scratch_floats(int32_t n_new, int32_t group, int32_t head_dim, 
 
 void paged_attention(const KvStreamView& kv, const AttentionArgs& args);
 
+// ---- Decode at depth in parts (split-K) ------------------------------------------------------------
+// One query token (n_new == 1, no key_mass) over a stream of at least 2 x kAttentionPartSlots slots is
+// computed as P = attention_parts(kv, args) consecutive page-aligned parts (P = min(n_slots / 512, 8): a
+// function of the stream's length and page size only), each an independent online softmax over its slots,
+// folded left to
+// right by attention_merge. paged_attention does exactly that; a caller with more threads than streams
+// (one KV head, few sequences) may instead run paged_attention_part for each part as its own task and fold
+// the parts in order with attention_merge: the same bits either way, whatever the thread count. H2O's
+// key_mass needs one softmax over all slots, so a call with key_mass is never split (P = 1): at depth its
+// output can differ in the last bits from the same call without key_mass (within the kernel's tolerance).
+inline constexpr int32_t kAttentionPartSlots = 512;  // a part holds about this many slots or more
+inline constexpr int32_t kAttentionMaxParts = 8;
+int32_t attention_parts(const KvStreamView& kv, const AttentionArgs& args);
+// Part `part` of a split decode call: its normalised output rows out[g * head_dim + d] (group x head_dim
+// floats) and their log-sum-exps lse[g] (group floats). args.out and args.lse are not written; args.scratch
+// is used as by paged_attention.
+void paged_attention_part(const KvStreamView& kv, const AttentionArgs& args, int32_t part, float* out, float* lse);
+// Folds a part into the running result: out / lse (group rows of head_dim, normalised, and their
+// log-sum-exps) become the attention over both parts' slots.
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int32_t group,
+                     int32_t head_dim);
+
 // Instruction-set paths. paged_attention() uses kernels/cpu_features' choice for attention
 // (selected_isa(kAttentionIsa): the best path this CPU supports, "avx512" needing no VNNI, then "avx2",
 // then "scalar"; KVPACK_ISA=scalar|avx2|avx512 forces one, ignored with a note on stderr if this CPU

@@ -71,6 +71,10 @@ Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
                                                                c.head_dim, kMaxPageSize);
   attn_scratch_.resize(attn_scratch_per_thread_ * static_cast<size_t>(pool.size()));
   extra_scratch_.resize(static_cast<size_t>(c.group()) * (c.head_dim + 2) * static_cast<size_t>(pool.size()));
+  const size_t split_cap = 2 * static_cast<size_t>(pool.size()) * kernels::kAttentionMaxParts;
+  split_tasks_.reserve(split_cap);
+  split_out_.resize(split_cap * static_cast<size_t>(c.group()) * c.head_dim);
+  split_lse_.resize(split_cap * static_cast<size_t>(c.group()));
   if (c.swa_window > 0) {
     rope_cs_swa_.resize(T * static_cast<size_t>(c.rope_dims));
     window_scratch_per_thread_ = static_cast<size_t>(c.group()) * (c.head_dim + 2) + 2 * static_cast<size_t>(c.head_dim);
@@ -264,16 +268,11 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
     n_tasks += c.n_head_kv * blocks_of(i);
     if (batch[i].extra != nullptr) batch[i].extra->load_layer(layer);
   }
-  pool_->run(n_tasks, [&](int task, int thread) {
-    size_t item = 0;
-    int32_t idx = task;
-    while (idx >= c.n_head_kv * blocks_of(item)) idx -= c.n_head_kv * blocks_of(item++);
-    const int32_t blocks = blocks_of(item);
-    const int32_t head = idx / blocks;
-    const int32_t n = spans_[item].n;
-    int32_t t0 = (idx % blocks) * kAttnTokenBlock;
-    const int32_t t_end = blocks == 1 ? n : std::min(n, t0 + kAttnTokenBlock);
+  // (item, head, token blocks [t0, t_end)) through the usual path: the paged kernel (which folds a deep
+  // decode stream's parts itself) or, where the window cuts in, window_attention.
+  auto attend = [&](size_t item, int32_t head, int32_t t0, int32_t t_end, int thread) {
     BatchItem& b = batch[item];
+    const int32_t n = spans_[item].n;
     const int32_t s = b.kv->stream_index(layer, head);
     for (; t0 < t_end; t0 += kAttnTokenBlock) {
       const int32_t t1 = std::min(t_end, t0 + kAttnTokenBlock);
@@ -292,26 +291,109 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
           continue;
         }
       }
-      kernels::KvStreamView view = b.kv->view(s);
-      view.n_slots = view.n_slots - n + t1;  // causal: this block's last token sees up to its own slot
-      const int64_t row0 = spans_[item].begin + t0;
-      kernels::AttentionArgs a;
-      a.q = q_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
-      a.q_stride = QD;
-      a.out = att_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
-      a.out_stride = QD;
-      a.n_new = t1 - t0;
-      a.group = G;
-      a.scale = scale;
-      a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
-      if (b.attn_lse != nullptr && n == 1) a.lse = b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(head) * G;
-      a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
+      kernels::KvStreamView view;
+      kernels::AttentionArgs a = attention_args(b, static_cast<int32_t>(item), layer, head, t0, t1, scale, thread, &view);
       float* part = extra_scratch_.data() + static_cast<size_t>(thread) * static_cast<size_t>(G) * (HD + 2);
       if (b.extra != nullptr && a.lse == nullptr) a.lse = part + static_cast<size_t>(G) * (HD + 1);  // the hot part's lse
       kernels::paged_attention(view, a);
       if (b.extra != nullptr) attend_extra(*b.extra, s, a, part);
     }
+  };
+  if (!swa && plan_split(batch, layer, n_tasks)) {
+    ++split_layers_;
+    pool_->run(static_cast<int>(split_tasks_.size()), [&](int task, int thread) {
+      const AttnTask& t = split_tasks_[static_cast<size_t>(task)];
+      if (t.part < 0) {
+        attend(static_cast<size_t>(t.item), t.head, 0, spans_[static_cast<size_t>(t.item)].n, thread);
+        return;
+      }
+      kernels::KvStreamView view;
+      const kernels::AttentionArgs a =
+          attention_args(batch[static_cast<size_t>(t.item)], t.item, layer, t.head, 0, 1, scale, thread, &view);
+      kernels::paged_attention_part(view, a, t.part, split_out_.data() + static_cast<size_t>(task) * G * HD,
+                                    split_lse_.data() + static_cast<size_t>(task) * G);
+    });
+    // Fold each split stream's parts in order, as paged_attention would have (the same bits).
+    for (size_t i = 0; i < split_tasks_.size();) {
+      const AttnTask& t = split_tasks_[i];
+      if (t.part < 0) {
+        ++i;
+        continue;
+      }
+      BatchItem& b = batch[static_cast<size_t>(t.item)];
+      float* out = att_.data() + spans_[static_cast<size_t>(t.item)].begin * QD + static_cast<int64_t>(t.head) * G * HD;
+      float* lse = split_lse_.data() + i * G;
+      std::copy_n(split_out_.data() + i * G * HD, static_cast<size_t>(G) * HD, out);
+      for (int32_t p = 1; p < t.parts; ++p)
+        kernels::attention_merge(out, lse, split_out_.data() + (i + p) * G * HD, split_lse_.data() + (i + p) * G, G,
+                                 static_cast<int32_t>(HD));
+      if (b.attn_lse != nullptr)
+        std::copy_n(lse, G, b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(t.head) * G);
+      i += static_cast<size_t>(t.parts);
+    }
+    return;
+  }
+  pool_->run(n_tasks, [&](int task, int thread) {
+    size_t item = 0;
+    int32_t idx = task;
+    while (idx >= c.n_head_kv * blocks_of(item)) idx -= c.n_head_kv * blocks_of(item++);
+    const int32_t blocks = blocks_of(item);
+    const int32_t head = idx / blocks;
+    const int32_t n = spans_[item].n;
+    const int32_t t0 = (idx % blocks) * kAttnTokenBlock;
+    attend(item, head, t0, blocks == 1 ? n : std::min(n, t0 + kAttnTokenBlock), thread);
   });
+}
+
+kernels::AttentionArgs Forward::attention_args(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0,
+                                               int32_t t1, float scale, int thread, kernels::KvStreamView* view) {
+  const ModelConfig& c = model_->config();
+  const int32_t G = c.group();
+  const int64_t QD = c.q_dim(), HD = c.head_dim;
+  const int32_t n = spans_[static_cast<size_t>(item)].n;
+  const int32_t s = b.kv->stream_index(layer, head);
+  *view = b.kv->view(s);
+  view->n_slots = view->n_slots - n + t1;  // causal: this block's last token sees up to its own slot
+  const int64_t row0 = spans_[static_cast<size_t>(item)].begin + t0;
+  kernels::AttentionArgs a;
+  a.q = q_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
+  a.q_stride = QD;
+  a.out = att_.data() + row0 * QD + static_cast<int64_t>(head) * G * HD;
+  a.out_stride = QD;
+  a.n_new = t1 - t0;
+  a.group = G;
+  a.scale = scale;
+  a.key_mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
+  if (b.attn_lse != nullptr && n == 1) a.lse = b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(head) * G;
+  a.scratch = attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_;
+  return a;
+}
+
+bool Forward::plan_split(std::span<BatchItem> batch, int32_t layer, int32_t normal_tasks) {
+  const ModelConfig& c = model_->config();
+  const int T = pool_->size();
+  if (T < 2 || normal_tasks >= 2 * T || static_cast<size_t>(normal_tasks) > split_tasks_.capacity()) return false;
+  split_tasks_.clear();
+  bool any = false;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& b = batch[i];
+    const bool one_token = spans_[i].n == 1 && b.key_mass == nullptr && b.extra == nullptr;
+    for (int32_t h = 0; h < c.n_head_kv; ++h) {
+      int32_t parts = 1;
+      if (one_token) {
+        kernels::AttentionArgs probe;  // n_new 1, no key_mass: what attention_args passes for this stream
+        parts = kernels::attention_parts(b.kv->view(b.kv->stream_index(layer, h)), probe);
+      }
+      if (parts == 1) {
+        split_tasks_.push_back({static_cast<int32_t>(i), h, -1, 1});
+        continue;
+      }
+      if (split_tasks_.size() + static_cast<size_t>(parts) > split_tasks_.capacity()) return false;  // never grows
+      for (int32_t p = 0; p < parts; ++p) split_tasks_.push_back({static_cast<int32_t>(i), h, p, parts});
+      any = true;
+    }
+  }
+  return any;
 }
 
 void Forward::attend_extra(const ExtraKv& extra, int32_t stream, const kernels::AttentionArgs& a, float* part) {
@@ -325,17 +407,7 @@ void Forward::attend_extra(const ExtraKv& extra, int32_t stream, const kernels::
   for (const kernels::KvStreamView& v : extra.views(stream)) {
     if (v.n_slots <= 0) continue;
     kernels::paged_attention(v, e);
-    // Two normalised partial outputs with log-sum-exps la, lb: weights e^la, e^lb over their sum.
-    for (int32_t g = 0; g < G; ++g) {
-      const float la = a.lse[g], lb = part_lse[g];
-      const float m = std::max(la, lb);
-      const float wa = std::exp(la - m), wb = std::exp(lb - m);
-      const float inv = 1.0f / (wa + wb);
-      float* o = a.out + static_cast<size_t>(g) * HD;
-      const float* p = part + static_cast<size_t>(g) * HD;
-      for (int32_t d = 0; d < HD; ++d) o[d] = (o[d] * wa + p[d] * wb) * inv;
-      a.lse[g] = m + std::log(wa + wb);
-    }
+    kernels::attention_merge(a.out, a.lse, part, part_lse, G, HD);
   }
 }
 

@@ -74,6 +74,8 @@ class Forward {
 
   int32_t max_batch_tokens() const { return max_tokens_; }
   const Model& model() const { return *model_; }
+  // Layers whose attention ran split-K (plan_split) since construction: tests and benchmarks.
+  int64_t split_attention_layers() const { return split_layers_; }
 
  private:
   void attention(std::span<BatchItem> batch, int32_t layer);
@@ -84,6 +86,14 @@ class Forward {
 
   // Attends the extra views of stream `stream` for one query token and merges them into a.out / a.lse.
   void attend_extra(const ExtraKv& extra, int32_t stream, const kernels::AttentionArgs& a, float* part);
+  // Query tokens [t0, t1) of item `item`, KV head `head` on `layer`: the stream's view and kernel arguments
+  // (a.scratch: thread `thread`'s).
+  kernels::AttentionArgs attention_args(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1,
+                                        float scale, int thread, kernels::KvStreamView* view);
+  // Split-K (kernels::attention_parts): with fewer (item, KV head) streams on a layer than twice the pool's
+  // threads, one-token items' deep streams run one task per part, folded after (the same bits as unsplit).
+  // Returns false (nothing planned) when the layer does not qualify; tasks then run as usual.
+  bool plan_split(std::span<BatchItem> batch, int32_t layer, int32_t normal_tasks);
 
   const Model* model_;
   ThreadPool* pool_;
@@ -96,6 +106,15 @@ class Forward {
   std::vector<float> extra_scratch_;  // per thread: group x (head_dim + 2) floats for attend_extra
   std::vector<float> window_scratch_;  // per thread: window_attention's accumulators
   size_t window_scratch_per_thread_ = 0;
+  // Split-K plan of the current layer: one task per (item, head, part), part -1 = the whole stream (or the
+  // item's token blocks) through the usual path; partial outputs / lses per split task. Capacity for
+  // 2 x threads streams of kAttentionMaxParts parts, reserved at construction (no allocation per step).
+  struct AttnTask {
+    int32_t item, head, part, parts;
+  };
+  std::vector<AttnTask> split_tasks_;
+  int64_t split_layers_ = 0;
+  std::vector<float> split_out_, split_lse_;
   struct Span {
     int32_t begin, n, slots_before;
   };
