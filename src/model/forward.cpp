@@ -384,11 +384,11 @@ bool Forward::plan_split(std::span<BatchItem> batch, int32_t layer, int32_t norm
         kernels::AttentionArgs probe;  // n_new 1, no key_mass: what attention_args passes for this stream
         parts = kernels::attention_parts(b.kv->view(b.kv->stream_index(layer, h)), probe);
       }
+      if (split_tasks_.size() + static_cast<size_t>(parts) > split_tasks_.capacity()) return false;  // never grows
       if (parts == 1) {
         split_tasks_.push_back({static_cast<int32_t>(i), h, -1, 1});
         continue;
       }
-      if (split_tasks_.size() + static_cast<size_t>(parts) > split_tasks_.capacity()) return false;  // never grows
       for (int32_t p = 0; p < parts; ++p) split_tasks_.push_back({static_cast<int32_t>(i), h, p, parts});
       any = true;
     }
