@@ -7,13 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <cstdlib>
 #include <new>
 #include <vector>
 
 #include "engine/engine.h"
+#include "gguf/model_writer.h"
+#include "model/forward.h"
 #include "model/model.h"
+
+#include <unistd.h>
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -118,6 +123,33 @@ TEST(HotPath, DecodeStepsAllocateNothing) {
       EXPECT_EQ(count_decode_allocs(engine, seqs, 100), 0) << "threads " << threads << " batch " << batch;
     }
   }
+}
+
+// Split-K decode attention (Forward::plan_split: one KV head, a context past several parts, 2 threads):
+// the per-part tasks and their partial outputs use storage reserved at construction.
+TEST(HotPath, SplitAttentionDecodeStepsAllocateNothing) {
+  gguf::RandomModelSpec spec = gguf::RandomModelSpec::preset("tiny-qwen3");
+  spec.n_head = 4;
+  spec.n_head_kv = 1;
+  spec.n_ctx = 4096;
+  const std::string path = ::testing::TempDir() + "/hot_path_split_" + std::to_string(::getpid()) + ".gguf";
+  gguf::write_random_model(spec, path);
+  auto model = Model::load(path);
+  EngineOptions eo;
+  eo.threads = 2;
+  eo.kv_type = DType::F16;
+  Engine engine(*model, eo);
+  std::vector<std::unique_ptr<kv::SequenceKv>> seqs;
+  seqs.push_back(engine.kv().new_sequence());
+  std::vector<int32_t> prompt(2500);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(300 + (i * 7) % 200);
+  seqs.back()->reserve_slots(static_cast<int32_t>(prompt.size()) + 200);
+  engine.runner().prefill(*seqs.back(), prompt, nullptr);
+  const int64_t split0 = engine.runner().forward().split_attention_layers();
+  ASSERT_EQ(count_decode_allocs(engine, seqs, 20) >= 0, true);
+  EXPECT_EQ(count_decode_allocs(engine, seqs, 100), 0);
+  EXPECT_GT(engine.runner().forward().split_attention_layers(), split0);  // the split path really ran
+  std::remove(path.c_str());
 }
 
 }  // namespace
