@@ -324,6 +324,20 @@ TEST(ArchGemma3, ForwardMatchesFloat64ReferenceAcrossTheWindow) {
   compare(*m, file.path, 40, 7, 2e-2, DType::F16);
 }
 
+TEST(ArchGemma3, AWindowOfSeveralPagesMatchesTheReference) {
+  // A 40-slot window over 16-slot pages: the window's whole pages go through the paged kernel and the
+  // slots before its first page boundary (0 to 15 of them, as the window slides) through the loop, folded
+  // by their log-sum-exps (Forward::window_attention); decode and chunked prefill.
+  gguf::RandomModelSpec s = gguf::RandomModelSpec::preset("tiny-gemma3");
+  s.sliding_window = 40;
+  s.n_ctx = 256;
+  TmpModel file(s, "gemma3_win40");
+  auto m = Model::load(file.path);
+  ASSERT_EQ(m->config().swa_window, 40);
+  compare(*m, file.path, 100, 1, 1e-4);
+  compare(*m, file.path, 100, 9, 1e-4);
+}
+
 TEST(ArchGemma3, SoftcapAndNoWindow) {
   gguf::RandomModelSpec s = gguf::RandomModelSpec::preset("tiny-gemma3");
   s.sliding_window = 0;  // every layer global (llama.cpp: LLAMA_SWA_TYPE_NONE)

@@ -77,7 +77,9 @@ Forward::Forward(const Model& model, ThreadPool& pool, int32_t max_batch_tokens)
   split_lse_.resize(split_cap * static_cast<size_t>(c.group()));
   if (c.swa_window > 0) {
     rope_cs_swa_.resize(T * static_cast<size_t>(c.rope_dims));
-    window_scratch_per_thread_ = static_cast<size_t>(c.group()) * (c.head_dim + 2) + 2 * static_cast<size_t>(c.head_dim);
+    // acc, m, l, a K and a V row; then the page-aligned body's output rows and log-sum-exps.
+    window_scratch_per_thread_ = static_cast<size_t>(c.group()) * (c.head_dim + 2) + 2 * static_cast<size_t>(c.head_dim) +
+                                 static_cast<size_t>(c.group()) * (c.head_dim + 1);
     window_scratch_.resize(window_scratch_per_thread_ * static_cast<size_t>(pool.size()));
   }
 }
@@ -287,7 +289,8 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
         const int32_t oldest = kv.dropped_pages(s) > 0 ? 0 : kv.position(s, 0);
         if (kv.position(s, last_slot) - oldest >= c.swa_window) {
           window_attention(b, static_cast<int32_t>(item), layer, head, t0, t1, scale,
-                           window_scratch_.data() + static_cast<size_t>(thread) * window_scratch_per_thread_);
+                           window_scratch_.data() + static_cast<size_t>(thread) * window_scratch_per_thread_,
+                           attn_scratch_.data() + static_cast<size_t>(thread) * attn_scratch_per_thread_);
           continue;
         }
       }
@@ -412,7 +415,7 @@ void Forward::attend_extra(const ExtraKv& extra, int32_t stream, const kernels::
 }
 
 void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1,
-                               float scale, float* scratch) {
+                               float scale, float* scratch, float* attn_scratch) {
   const ModelConfig& c = model_->config();
   const int32_t G = c.group(), HD = c.head_dim;
   const int64_t QD = c.q_dim();
@@ -429,6 +432,9 @@ void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_
   float* l = m + G;                                  // [G] running sum
   float* krow = l + G;                               // [HD]
   float* vrow = krow + HD;                           // [HD]
+  float* body_out = vrow + HD;                       // [G][HD] the page-aligned body's output
+  float* body_lse = body_out + static_cast<size_t>(G) * HD;  // [G]
+  const int32_t ps = view.page_size;
   const int32_t n = spans_[static_cast<size_t>(item)].n;
   float* mass = b.key_mass ? b.key_mass + s * b.key_mass_stride : nullptr;
   for (int32_t t = t0; t < t1; ++t) {
@@ -445,7 +451,13 @@ void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_
     std::fill(acc, acc + static_cast<size_t>(G) * HD, 0.0f);
     std::fill(m, m + G, -INFINITY);
     std::fill(l, l + G, 0.0f);
-    for (int32_t j = lo; j < hi; ++j) {
+    // Without key_mass, the window's whole pages [body, hi) go through the paged kernel (as a stream that
+    // starts at page `body / ps`), and only the slots before the first page boundary, at most ps - 1, through
+    // the loop below; the two parts are folded by their log-sum-exps. The loop alone cost one exp per slot
+    // and head and scalar row conversions for every window layer.
+    const int32_t body = mass ? hi : std::min(hi, (lo + ps - 1) / ps * ps);
+    const int32_t head_end = body;
+    for (int32_t j = lo; j < head_end; ++j) {
       kernels::kv_decode_row(k_row(j), kt, HD, krow);
       kernels::kv_decode_row(k_row(j) + view.v_offset, kt, HD, vrow);
       for (int32_t g = 0; g < G; ++g) {
@@ -469,6 +481,28 @@ void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_
     for (int32_t g = 0; g < G; ++g) {
       const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
       for (int32_t e = 0; e < HD; ++e) out[static_cast<int64_t>(g) * HD + e] = acc[static_cast<size_t>(g) * HD + e] * inv;
+    }
+    if (body < hi) {
+      kernels::KvStreamView bv = view;
+      bv.pages = view.pages + body / ps;
+      bv.n_slots = hi - body;
+      kernels::AttentionArgs a;
+      a.q = q;
+      a.q_stride = QD;
+      a.out = body_out;
+      a.out_stride = static_cast<int64_t>(G) * HD;
+      a.n_new = 1;
+      a.group = G;
+      a.scale = scale;
+      a.lse = body_lse;
+      a.scratch = attn_scratch;
+      kernels::paged_attention(bv, a);
+      if (lo == body) {
+        std::copy_n(body_out, static_cast<size_t>(G) * HD, out);
+      } else {
+        for (int32_t g = 0; g < G; ++g) m[g] = l[g] > 0 ? m[g] + std::log(l[g]) : -INFINITY;  // the head's lse
+        kernels::attention_merge(out, m, body_out, body_lse, G, HD);
+      }
     }
     if (mass)  // H2O: each head's probability of each slot (second pass over the window)
       for (int32_t j = lo; j < hi; ++j) {

@@ -80,9 +80,11 @@ class Forward {
  private:
   void attention(std::span<BatchItem> batch, int32_t layer);
   // Query tokens [t0, t1) of batch item `item`, KV head `head`, on a sliding-window layer whose window
-  // cuts into the visible slots: plain online-softmax loop over the window (no page kernel).
+  // cuts into the visible slots: the window's whole pages through the paged kernel (attn_scratch: the
+  // thread's), the few slots before its first page boundary through an online-softmax loop, folded by their
+  // log-sum-exps; with key_mass (H2O) the loop covers the whole window.
   void window_attention(BatchItem& b, int32_t item, int32_t layer, int32_t head, int32_t t0, int32_t t1, float scale,
-                        float* scratch);
+                        float* scratch, float* attn_scratch);
 
   // Attends the extra views of stream `stream` for one query token and merges them into a.out / a.lse.
   void attend_extra(const ExtraKv& extra, int32_t stream, const kernels::AttentionArgs& a, float* part);
