@@ -245,6 +245,19 @@ std::vector<float> kernel_q(const char* isa, const Config& c, const std::vector<
   return out;
 }
 
+// One decode token (head_dim 128, scale 1/sqrt(128)) over a stream of n_slots slots.
+Config decode_config(DType type, int32_t n_slots, int32_t group, int32_t page_size) {
+  Config c;
+  c.hd = 128;
+  c.ps = page_size;
+  c.group = group;
+  c.type = type;
+  c.n_slots = n_slots;
+  c.n_new = 1;
+  c.scale = 1.0f / std::sqrt(128.0f);
+  return c;
+}
+
 // Max |out - ref|; fails if any output is not finite.
 double max_err(const std::vector<float>& out, const std::vector<double>& ref) {
   double e = 0;
@@ -382,14 +395,7 @@ TEST_P(AttentionIsa, LongDecodeMatchesReference) {
   for (DType type : {DType::F32, DType::F16, DType::BF16, DType::Q8_0})
     for (int32_t n_slots : {1000, 2049})
       for (int32_t group : {2, 8}) {
-        Config c;
-        c.hd = 128;
-        c.ps = 16;
-        c.group = group;
-        c.type = type;
-        c.n_slots = n_slots;
-        c.n_new = 1;
-        c.scale = 1.0f / std::sqrt(128.0f);
+        const Config c = decode_config(type, n_slots, group, 16);
         SCOPED_TRACE(describe(c));
         Stream st(c, rng);
         st.fill_random(rng);
@@ -630,14 +636,7 @@ TEST(Attention, DecodeInPartsEqualsThePartsFoldedByTheCaller) {
   for (DType type : {DType::F16, DType::Q8_0})
     for (int32_t n_slots : {1000, 1100, 2049, 5000, 9000})
       for (int32_t group : {1, 2, 8}) {
-        Config c;
-        c.hd = 128;
-        c.ps = n_slots == 5000 ? 32 : 16;
-        c.group = group;
-        c.type = type;
-        c.n_slots = n_slots;
-        c.n_new = 1;
-        c.scale = 1.0f / std::sqrt(128.0f);
+        const Config c = decode_config(type, n_slots, group, n_slots == 5000 ? 32 : 16);
         SCOPED_TRACE(describe(c));
         Stream st(c, rng);
         st.fill_random(rng);
