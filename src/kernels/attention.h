@@ -103,8 +103,7 @@ void paged_attention(const KvStreamView& kv, const AttentionArgs& args);
 // One query token (n_new == 1, no key_mass) over a stream of at least 2 x kAttentionPartSlots slots is
 // computed as P = attention_parts(kv, args) consecutive page-aligned parts (P = min(n_slots / 512, 8): a
 // function of the stream's length and page size only), each an independent online softmax over its slots,
-// folded left to
-// right by attention_merge. paged_attention does exactly that; a caller with more threads than streams
+// folded left to right by attention_merge. paged_attention does exactly that; a caller with more threads than streams
 // (one KV head, few sequences) may instead run paged_attention_part for each part as its own task and fold
 // the parts in order with attention_merge: the same bits either way, whatever the thread count. H2O's
 // key_mass needs one softmax over all slots, so a call with key_mass is never split (P = 1): at depth its
