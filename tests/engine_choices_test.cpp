@@ -96,6 +96,17 @@ class ChoicesTest : public ::testing::Test {
     ADD_FAILURE() << "choices did not finish";
     return peak;
   }
+  // The request (all its choices) alone on a fresh engine with default options, run to the end; its id in
+  // `out`, and the scheduler's metrics after it if asked.
+  static uint64_t run_alone(const Request& r, Out& out, SchedulerMetrics* metrics = nullptr) {
+    Engine e(*model_, EngineOptions{});
+    e.set_calibration(*calib_);
+    Scheduler sched(e, SchedulerOptions{});
+    const uint64_t id = submit(sched, r, out);
+    run(sched, e, out);
+    if (metrics != nullptr) *metrics = sched.metrics();
+    return id;
+  }
   // The request with n = 1 alone on a fresh engine (same prefix-cache setting); its text and peak pages.
   static std::pair<std::string, int64_t> solo(Request r, bool prefix_cache, const std::string& cold = "") {
     auto [choice, peak] = solo_run(std::move(r), prefix_cache, cold);
@@ -183,12 +194,9 @@ TEST_F(ChoicesTest, ForkedChoicesCountCompressionFromTheFork) {
   const compress::CompressionStats before_fork = solo_stats(request(1, compress::PolicyKind::KNorm, 1));
   ASSERT_GT(before_fork.events, 0) << "the prompt should be compressed before the fork";
   ASSERT_GT(whole.events, before_fork.events) << "decode should compress again after the fork";
-  Engine e(*model_, EngineOptions{});
-  e.set_calibration(*calib_);
-  Scheduler sched(e, SchedulerOptions{});
   Out out;
-  const uint64_t id = submit(sched, r, out);
-  run(sched, e, out);
+  SchedulerMetrics m;
+  const uint64_t id = run_alone(r, out, &m);
   int64_t events = 0, evicted = 0;
   for (int32_t i = 0; i < n; ++i) {
     const compress::CompressionStats& c = out[{id, i}].stats.compression;
@@ -197,7 +205,6 @@ TEST_F(ChoicesTest, ForkedChoicesCountCompressionFromTheFork) {
     events += c.events;
     evicted += c.evicted_slots;
   }
-  const SchedulerMetrics m = sched.metrics();
   EXPECT_EQ(m.compression.events, events);
   EXPECT_EQ(m.compression.evicted_slots, evicted);
   EXPECT_EQ(events, whole.events + (n - 1) * (whole.events - before_fork.events));
@@ -210,12 +217,8 @@ TEST_F(ChoicesTest, SeededChoicesAreReproducibleAndEqualSoloRunsWithTheirDerived
     r.sampling.seed = 1234;
     std::vector<std::string> first;
     for (int rep = 0; rep < 2; ++rep) {
-      Engine e(*model_, EngineOptions{});
-      e.set_calibration(*calib_);
-      Scheduler sched(e, SchedulerOptions{});
       Out out;
-      const uint64_t id = submit(sched, r, out);
-      run(sched, e, out);
+      const uint64_t id = run_alone(r, out);
       std::vector<std::string> texts;
       for (int32_t i = 0; i < 3; ++i) texts.push_back(out[{id, i}].text);
       if (rep == 0) first = texts;

@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "gguf/model_writer.h"
 #include "model/forward.h"
 #include "model/model.h"
-
-#include <unistd.h>
+#include "one_kv_head_model.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -128,12 +126,7 @@ TEST(HotPath, DecodeStepsAllocateNothing) {
 // Split-K decode attention (Forward::plan_split: one KV head, a context past several parts, 2 threads):
 // the per-part tasks and their partial outputs use storage reserved at construction.
 TEST(HotPath, SplitAttentionDecodeStepsAllocateNothing) {
-  gguf::RandomModelSpec spec = gguf::RandomModelSpec::preset("tiny-qwen3");
-  spec.n_head = 4;
-  spec.n_head_kv = 1;
-  spec.n_ctx = 4096;
-  const std::string path = ::testing::TempDir() + "/hot_path_split_" + std::to_string(::getpid()) + ".gguf";
-  gguf::write_random_model(spec, path);
+  const std::string path = test::write_one_kv_head_model("hot_path_split", 0);
   auto model = Model::load(path);
   EngineOptions eo;
   eo.threads = 2;

@@ -11,30 +11,20 @@
 #include <random>
 #include <span>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "engine/engine.h"
-#include "gguf/model_writer.h"
 #include "kernels/attention.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "one_kv_head_model.h"
 
 using namespace kvpack;
 
 namespace {
 
 std::string one_kv_head_model() {
-  static const std::string path = [] {
-    gguf::RandomModelSpec spec = gguf::RandomModelSpec::preset("tiny-qwen3");
-    spec.n_head = 4;
-    spec.n_head_kv = 1;  // GQA group 4, one stream per layer: nothing to split over but the slots
-    spec.n_ctx = 4096;
-    spec.seed = 17;
-    const std::string p = ::testing::TempDir() + "/split_attention_" + std::to_string(::getpid()) + ".gguf";
-    gguf::write_random_model(spec, p);
-    return p;
-  }();
+  static const std::string path = test::write_one_kv_head_model("split_attention");
   return path;
 }
 

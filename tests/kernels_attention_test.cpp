@@ -656,12 +656,8 @@ TEST(Attention, DecodeInPartsEqualsThePartsFoldedByTheCaller) {
         EXPECT_EQ(P, std::clamp(n_slots / kAttentionPartSlots, 1, kAttentionMaxParts));
         std::vector<float> folded(static_cast<size_t>(group) * c.hd), part(folded.size()), run_lse(lse.size()), part_lse(lse.size());
         for (int32_t p = 0; p < P; ++p) {
-          if (p == 0) {
-            paged_attention_part(st.view(), a, 0, folded.data(), run_lse.data());
-          } else {
-            paged_attention_part(st.view(), a, p, part.data(), part_lse.data());
-            attention_merge(folded.data(), run_lse.data(), part.data(), part_lse.data(), group, c.hd);
-          }
+          paged_attention_part(st.view(), a, p, part.data(), part_lse.data());
+          attention_fold(p, folded.data(), run_lse.data(), part.data(), part_lse.data(), group, c.hd);
         }
         EXPECT_EQ(std::memcmp(out.data(), folded.data(), out.size() * sizeof(float)), 0);
         EXPECT_EQ(std::memcmp(lse.data(), run_lse.data(), lse.size() * sizeof(float)), 0);

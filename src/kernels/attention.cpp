@@ -270,11 +270,9 @@ void run_path(const Path& path, const KvStreamView& kv, const AttentionArgs& a) 
   float* part_lse = part_out + static_cast<size_t>(G) * HD;
   float* run_lse = part_lse + G;
   // n_new == 1: the output rows are out + g * head_dim whatever out_stride says.
-  run_part(path, kv, a, P, 0, part_out, run_lse);
-  std::copy_n(part_out, static_cast<size_t>(G) * HD, a.out);
-  for (int32_t p = 1; p < P; ++p) {
+  for (int32_t p = 0; p < P; ++p) {
     run_part(path, kv, a, P, p, part_out, part_lse);
-    attention_merge(a.out, run_lse, part_out, part_lse, G, HD);
+    attention_fold(p, a.out, run_lse, part_out, part_lse, G, HD);
   }
   if (a.lse != nullptr) std::copy_n(run_lse, G, a.lse);
 }
@@ -295,6 +293,16 @@ void attention_merge(float* out, float* lse, const float* part_out, const float*
     for (int32_t d = 0; d < head_dim; ++d) o[d] = (o[d] * wa + p[d] * wb) * inv;
     lse[g] = m + std::log(wa + wb);
   }
+}
+
+void attention_fold(int32_t part, float* out, float* lse, const float* part_out, const float* part_lse, int32_t group,
+                    int32_t head_dim) {
+  if (part > 0) {
+    attention_merge(out, lse, part_out, part_lse, group, head_dim);
+    return;
+  }
+  std::copy_n(part_out, static_cast<size_t>(group) * head_dim, out);
+  std::copy_n(part_lse, group, lse);
 }
 
 void paged_attention_part(const KvStreamView& kv, const AttentionArgs& args, int32_t part, float* out, float* lse) {

@@ -119,6 +119,10 @@ void paged_attention_part(const KvStreamView& kv, const AttentionArgs& args, int
 // log-sum-exps) become the attention over both parts' slots.
 void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int32_t group,
                      int32_t head_dim);
+// The fold of the parts, in order: part 0 starts the running result (copied), each later one is merged. The
+// one rule paged_attention and a caller running the parts as tasks both follow, hence the same bits.
+void attention_fold(int32_t part, float* out, float* lse, const float* part_out, const float* part_lse, int32_t group,
+                    int32_t head_dim);
 
 // Instruction-set paths. paged_attention() uses kernels/cpu_features' choice for attention
 // (selected_isa(kAttentionIsa): the best path this CPU supports, "avx512" needing no VNNI, then "avx2",

@@ -257,7 +257,7 @@ bool Forward::run(std::span<BatchItem> batch, ForwardObserver* observer) {
 void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
   const ModelConfig& c = model_->config();
   const int32_t G = c.group();
-  const int64_t QD = c.q_dim(), HD = c.head_dim;
+  const int64_t HD = c.head_dim;
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(HD));
   const bool swa = c.is_swa(layer);
   // Tasks: (sequence, kv head, token block). With key_mass (H2O) all blocks of a stream add into the
@@ -316,22 +316,21 @@ void Forward::attention(std::span<BatchItem> batch, int32_t layer) {
       kernels::paged_attention_part(view, a, t.part, split_out_.data() + static_cast<size_t>(task) * G * HD,
                                     split_lse_.data() + static_cast<size_t>(task) * G);
     });
-    // Fold each split stream's parts in order, as paged_attention would have (the same bits).
+    // Fold each split stream's parts in order, as paged_attention would have (the same bits), into the
+    // outputs (and log-sum-exps) the unsplit call would have written.
     for (size_t i = 0; i < split_tasks_.size();) {
       const AttnTask& t = split_tasks_[i];
       if (t.part < 0) {
         ++i;
         continue;
       }
-      BatchItem& b = batch[static_cast<size_t>(t.item)];
-      float* out = att_.data() + spans_[static_cast<size_t>(t.item)].begin * QD + static_cast<int64_t>(t.head) * G * HD;
-      float* lse = split_lse_.data() + i * G;
-      std::copy_n(split_out_.data() + i * G * HD, static_cast<size_t>(G) * HD, out);
-      for (int32_t p = 1; p < t.parts; ++p)
-        kernels::attention_merge(out, lse, split_out_.data() + (i + p) * G * HD, split_lse_.data() + (i + p) * G, G,
-                                 static_cast<int32_t>(HD));
-      if (b.attn_lse != nullptr)
-        std::copy_n(lse, G, b.attn_lse + static_cast<int64_t>(layer) * c.n_head + static_cast<int64_t>(t.head) * G);
+      kernels::KvStreamView view;
+      const kernels::AttentionArgs a =
+          attention_args(batch[static_cast<size_t>(t.item)], t.item, layer, t.head, 0, 1, scale, 0, &view);
+      float* lse = a.lse != nullptr ? a.lse : extra_scratch_.data();  // the caller's thread: no task runs now
+      for (int32_t p = 0; p < t.parts; ++p)
+        kernels::attention_fold(p, a.out, lse, split_out_.data() + (i + p) * G * HD, split_lse_.data() + (i + p) * G, G,
+                                static_cast<int32_t>(HD));
       i += static_cast<size_t>(t.parts);
     }
     return;
@@ -456,8 +455,7 @@ void Forward::window_attention(BatchItem& b, int32_t item, int32_t layer, int32_
     // the loop below; the two parts are folded by their log-sum-exps. The loop alone cost one exp per slot
     // and head and scalar row conversions for every window layer.
     const int32_t body = mass ? hi : std::min(hi, (lo + ps - 1) / ps * ps);
-    const int32_t head_end = body;
-    for (int32_t j = lo; j < head_end; ++j) {
+    for (int32_t j = lo; j < body; ++j) {
       kernels::kv_decode_row(k_row(j), kt, HD, krow);
       kernels::kv_decode_row(k_row(j) + view.v_offset, kt, HD, vrow);
       for (int32_t g = 0; g < G; ++g) {
